@@ -1,0 +1,134 @@
+"""What every command shares: --workdir/--json/--force options and the one place a step is executed.
+
+A command parses its options into a config, then calls :func:`execute` with a
+``body(run, ws, progress) -> metrics`` that calls exactly one core ``run()``.
+``execute`` does the rest: lock, up-to-date check, staging, atomic commit,
+rendering, and turning errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from gencli.errors import EXIT_FAILED, GencliError
+
+JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
+
+
+def workdir_option(f: Callable) -> Callable:
+    return click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Working directory holding manifest.json and step folders [default: ./gencli-work or $GENCLI_WORKDIR].",
+    )(f)
+
+
+def step_options(f: Callable) -> Callable:
+    """--workdir, --json and --force, in that order, for every step command."""
+    f = click.option("--force", is_flag=True, help="Rerun even when the step is up to date.")(f)
+    f = JSON_OPTION(f)
+    return workdir_option(f)
+
+
+def open_workspace(workdir: Path | None):
+    from gencli.workspace import Workspace, default_workdir
+
+    return Workspace(workdir or default_workdir())
+
+
+def fail(error: BaseException, json_mode: bool) -> None:
+    """Print one clear message and exit with the error's code."""
+    from gencli.ui.output import emit_json, print_error
+
+    if isinstance(error, GencliError):
+        code, message = error.exit_code, str(error)
+    elif isinstance(error, KeyboardInterrupt):
+        code, message = EXIT_FAILED, "interrupted; finished steps are kept, rerun to continue"
+    else:
+        code, message = EXIT_FAILED, f"unexpected {type(error).__name__}: {error}"
+        if os.environ.get("GENCLI_DEBUG") or not json_mode:
+            traceback.print_exception(error, file=sys.stderr)
+    if json_mode:
+        emit_json({"status": "error", "exit_code": code, "error": message})
+    print_error(message, code)
+    sys.exit(code)
+
+
+def execute(
+    *,
+    step: str,
+    cfg: Any,
+    workdir: Path | None,
+    json_mode: bool,
+    force: bool,
+    upstream: list[str] | Callable[[Any], list[str]],
+    body: Callable[[Any, Any, Any], dict[str, Any]],
+    files: dict[str, Path] | None = None,
+    extra_params: dict[str, Any] | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Run one step in the workspace; returns the step's metrics (or exits with a code)."""
+    from gencli.config import to_dict
+    from gencli.ui.output import emit_json, print_step_result
+    from gencli.ui.progress import make_progress
+
+    ws = open_workspace(workdir)
+    params = {**to_dict(cfg), **(extra_params or {})}
+    run = None
+    try:
+        ups = upstream(ws) if callable(upstream) else upstream
+        run = ws.begin(step, params, ups, files=files, force=force, resume=resume)
+        if run.up_to_date:
+            record = ws.step_record(step)
+            result = {"step": step, "status": "up-to-date", "dir": str(ws.step_dir(step)), "metrics": record["metrics"]}
+            if json_mode:
+                emit_json(result)
+            else:
+                print_step_result(step, "up-to-date", record["metrics"], None, str(ws.step_dir(step)))
+            return record["metrics"]
+        metrics = body(run, ws, make_progress(json_mode))
+        record = ws.commit(run, metrics, argv=sys.argv)
+    except BaseException as error:  # noqa: BLE001 - every failure becomes a clear message + exit code
+        if isinstance(error, SystemExit):
+            raise
+        if run is not None and not run.up_to_date:
+            ws.abort(run, error, keep_staging=resume_capable(step) and not isinstance(error, GencliError))
+        ws.release()
+        fail(error, json_mode)
+    ws.release()
+    result = {"step": step, "status": "done", "dir": str(ws.step_dir(step)), "seconds": record["timing"]["seconds"],
+              "metrics": metrics}
+    if json_mode:
+        emit_json(result)
+    else:
+        print_step_result(step, "done", metrics, record["timing"]["seconds"], str(ws.step_dir(step)))
+    return metrics
+
+
+def resume_capable(step: str) -> bool:
+    """Training steps keep their staging folder (checkpoints) after a crash so --resume can continue."""
+    return step in ("cpt", "sft")
+
+
+
+def build_config(cls: type, json_mode: bool, **fields: Any) -> Any:
+    """Construct a step config; invalid options exit 2 with every problem listed."""
+    try:
+        return cls(**fields)
+    except GencliError as e:
+        fail(e, json_mode)
+
+
+def require(condition: bool, message: str, json_mode: bool) -> None:
+    """Exit 2 with ``message`` unless ``condition`` holds (for option combinations)."""
+    if not condition:
+        from gencli.errors import InputError
+
+        fail(InputError(message), json_mode)

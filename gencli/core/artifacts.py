@@ -1,0 +1,42 @@
+"""File names of every artifact a step writes inside its step folder.
+
+These are the contract between steps (documented in docs/formats.md). A step
+asks the workspace for an upstream step's folder and joins these names; it
+never takes a path from the user for something an earlier step produced.
+"""
+
+# ingest/
+ITEMS = "items.parquet"  # item_idx:int32 (dense 0..n-1), item_id:str, title:str, description, category, brand, ... (str)
+INTERACTIONS = "interactions.parquet"  # user_idx:int32, user_id:str, item_idx:int32, timestamp:int64, rating:float64 (nullable)
+TRAIN = "train.parquet"  # user_idx:int32, user_id:str, sequence:list[int32] (chronological item_idx)
+VALID = "valid.parquet"  # user_idx:int32, user_id:str, history:list[int32], target:int32
+TEST = "test.parquet"  # same columns as VALID
+USERS = "users.parquet"  # user_idx:int32, user_id:str
+
+# embed/
+EMBEDDINGS = "embeddings.npy"  # float32 [n_items, dim], row i = item_idx i, L2-normalised
+
+# quantize/
+CODEBOOKS = "codebooks.npz"  # level_0 .. level_{L-1}: float32 [K_l, dim] centroids in the normalised residual space
+SIDS = "sids.parquet"  # item_idx:int32, item_id:str, codes:list[int32] (L levels + 1 dedup level)
+TOKEN_MAP = "token_map.json"  # {"levels": [K_0, .., K_{L-1}, K_dedup], "tokens": [[names of level 0], ...]}
+
+# init-vocab/, cpt/, sft/
+MODEL_DIR = "model"  # plain HF folder (model + tokenizer); from_pretrained works without gencli
+SID_VOCAB = "sid_vocab.json"  # {"token_ids": [[id of <sid_l_k> for k] for l incl. dedup], "bos_id": int|null,
+#                               "eos_id": int|null, "pad_id": int, "base_vocab_size": int}
+BASE_MODEL_DIR = "base"  # init-vocab/base: the tiny preset built from the catalog text (absent for other backbones)
+
+# cpt/, sft/
+METRICS_JSONL = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+BEST_DIR = "best"
+
+# eval/, cold-eval/
+PREDICTIONS = "predictions.parquet"
+METRICS_JSON = "metrics.json"
+
+
+def sid_token(level: int, code: int) -> str:
+    """Name of the vocabulary token for code ``code`` at level ``level`` (dedup = last level)."""
+    return f"<sid_{level}_{code}>"

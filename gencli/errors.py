@@ -1,0 +1,43 @@
+"""Errors that carry their own exit code.
+
+The CLI turns any :class:`GencliError` into one message on stderr and the exit
+code below; everything else is a bug and exits 1 with a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a step crashed or was interrupted
+EXIT_BAD_INPUT = 2  # the user's input (file, option, artifact) is wrong
+EXIT_LOCKED = 3  # another gencli process holds the workdir lock
+
+
+class GencliError(Exception):
+    """Base class: an expected failure with a message meant for a person."""
+
+    exit_code = EXIT_FAILED
+
+
+class InputError(GencliError):
+    """Bad user input. The message names the file, the rows or field, and the fix."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(InputError):
+    """One or more invalid options; every problem is listed at once."""
+
+    def __init__(self, step: str, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid options for '{step}':\n{lines}")
+
+
+class ArtifactError(InputError):
+    """An upstream artifact is missing, half-written or corrupt."""
+
+
+class LockedError(GencliError):
+    """The workdir is locked by another running gencli process."""
+
+    exit_code = EXIT_LOCKED

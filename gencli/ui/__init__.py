@@ -1,0 +1,1 @@
+"""Terminal presentation: progress bars, tables, JSON output. Only the CLI imports this."""

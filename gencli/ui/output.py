@@ -1,0 +1,68 @@
+"""Render step results: a rich summary for people, one JSON object for machines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(flatten(v, f"{key}."))
+        elif not isinstance(v, list):
+            flat[key] = v
+    return flat
+
+
+def metrics_table(title: str, metrics: dict[str, Any], limit: int = 40):
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for i, (k, v) in enumerate(flatten(metrics).items()):
+        if i >= limit:
+            table.add_row("…", f"{len(flatten(metrics)) - limit} more in step.json")
+            break
+        table.add_row(k, _fmt(v))
+    return table
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: float | None, folder: str) -> None:
+    c = console()
+    if status == "up-to-date":
+        c.print(f"[green]✓[/green] {step} is up to date ({folder}); use --force to rerun")
+        return
+    c.print(f"[green]✓[/green] {step} done in {seconds:.1f}s → {folder}")
+    if metrics:
+        c.print(metrics_table(step, metrics))
+
+
+def print_error(message: str, code: int) -> None:
+    from rich.markup import escape
+
+    c = console(stderr=True)
+    c.print(f"[bold red]error[/bold red] (exit {code}): {escape(message)}", soft_wrap=True)

@@ -1,0 +1,150 @@
+"""Workspace: atomic manifest, up-to-date/stale detection, failure handling, locking."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gencli.errors import ArtifactError, InputError, LockedError
+from gencli.workspace import Workspace
+from gencli.workspace.manifest import write_json_atomic
+
+
+def _finish(ws: Workspace, name: str, params: dict, upstream=(), files=None, content="x", force=False):
+    run = ws.begin(name, params, list(upstream), files=files, force=force)
+    try:
+        if run.up_to_date:
+            return run
+        (run.out_dir / "out.txt").write_text(content)
+        ws.commit(run, {"value": len(content)}, argv=["test"])
+        return run
+    finally:
+        ws.release()
+
+
+def test_commit_writes_step_json_and_manifest(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {"a": 1})
+    record = json.loads((tmp_path / "w" / "ingest" / "step.json").read_text())
+    assert record["status"] == "done"
+    assert record["params"] == {"a": 1}
+    assert record["outputs"][0]["path"] == "out.txt"
+    assert record["outputs"][0]["bytes"] == 1
+    assert record["metrics"] == {"value": 1}
+    assert record["argv"] == ["test"]
+    assert "torch" in record["versions"]
+    manifest = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    assert manifest["steps"]["ingest"]["status"] == "done"
+    assert not (tmp_path / "w" / ".staging" / "ingest").exists()
+
+
+def test_rerun_same_params_is_up_to_date_and_force_reruns(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {"a": 1})
+    assert _finish(ws, "ingest", {"a": 1}).up_to_date
+    assert not _finish(ws, "ingest", {"a": 1}, force=True).up_to_date
+    assert not _finish(ws, "ingest", {"a": 2}).up_to_date
+
+
+def test_changed_input_file_makes_downstream_stale(tmp_path):
+    src = tmp_path / "items.csv"
+    src.write_text("item_id,title\n1,a\n")
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {}, files={"items": src})
+    _finish(ws, "embed", {}, upstream=["ingest"])
+    assert ws.freshness("embed") == "done"
+    src.write_text("item_id,title\n1,b\n")
+    assert ws.freshness("ingest") == "stale"
+    assert ws.freshness("embed") == "stale"
+    # rerunning ingest with new output makes embed's recorded input differ -> embed reruns
+    _finish(ws, "ingest", {}, files={"items": src}, content="changed")
+    assert ws.freshness("ingest") == "done"
+    assert ws.freshness("embed") == "stale"
+    assert not _finish(ws, "embed", {}, upstream=["ingest"]).up_to_date
+    assert ws.freshness("embed") == "done"
+
+
+def test_missing_upstream_names_the_command(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    with pytest.raises(ArtifactError, match="run `gencli ingest"):
+        ws.begin("embed", {}, ["ingest"])
+    ws.release()
+
+
+def test_bad_input_leaves_manifest_unchanged_and_no_output(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {"a": 1})
+    before = (tmp_path / "w" / "manifest.json").read_bytes()
+    run = ws.begin("ingest", {"a": 2}, [])
+    (run.out_dir / "partial.txt").write_text("half")
+    ws.abort(run, InputError("bad"))
+    ws.release()
+    assert (tmp_path / "w" / "manifest.json").read_bytes() == before
+    assert not run.out_dir.exists()
+    assert (tmp_path / "w" / "ingest" / "out.txt").read_text() == "x"
+
+
+def test_crash_is_recorded_but_previous_output_kept(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {"a": 1})
+    run = ws.begin("ingest", {"a": 2}, [])
+    ws.abort(run, RuntimeError("boom"))
+    ws.release()
+    entry = ws.manifest.get("ingest")
+    assert entry["status"] == "done"
+    assert "boom" in entry["last_failure"]["error"]
+
+
+def test_deleted_output_is_detected(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _finish(ws, "ingest", {"a": 1})
+    (tmp_path / "w" / "ingest" / "out.txt").unlink()
+    assert ws.freshness("ingest") == "stale"
+    assert not _finish(ws, "ingest", {"a": 1}).up_to_date
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    write_json_atomic(tmp_path / "m.json", {"a": 1})
+    write_json_atomic(tmp_path / "m.json", {"a": 2})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def test_corrupt_manifest_is_a_clear_error(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "manifest.json").write_text("{half")
+    with pytest.raises(ArtifactError, match="corrupt"):
+        Workspace(tmp_path / "w").manifest
+
+
+def test_second_process_gets_locked_error(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    run = ws.begin("ingest", {}, [])
+    code = textwrap.dedent(f"""
+        from gencli.workspace import Workspace
+        from gencli.errors import LockedError
+        try:
+            Workspace({str(tmp_path / 'w')!r}).begin("embed", {{}}, [])
+        except LockedError as e:
+            print("LOCKED", e.exit_code, e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("LOCKED 3")
+    assert f"pid {__import__('os').getpid()}" in out and "'ingest'" in out
+    ws.abort(run, InputError("x"))
+    ws.release()
+    # free again once released
+    ws2 = Workspace(tmp_path / "w")
+    ws2.begin("ingest", {}, [])
+    ws2.release()
+    with pytest.raises(LockedError):  # same process, second lock fd on the same file is also refused
+        a, b = Workspace(tmp_path / "w"), Workspace(tmp_path / "w")
+        a.begin("ingest", {}, [])
+        try:
+            b.begin("ingest", {}, [])
+        finally:
+            a.release()
