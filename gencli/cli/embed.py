@@ -25,7 +25,8 @@ def embed(model, template, batch_size, dim, device, workdir, json_mode, force):
                        device=device)
 
     def body(run, ws, progress):
-        from gencli.core import data, embed as core
+        from gencli.core import data
+        from gencli.core import embed as core
 
         items = data.load_items(ws.input_dir("ingest", "embed"))
         return core.run(cfg, data.item_text(items, cfg.template), run.out_dir, progress)

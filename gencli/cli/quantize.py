@@ -22,8 +22,8 @@ from gencli.cli.common import build_config, execute, step_options
 @step_options
 def quantize(levels, codes, max_iter, seed, batch_size, device, codebooks_from, workdir, json_mode, force):
     """Residual k-means to SIDs (plus a dedup level so every SID is unique and the same length)."""
-    from gencli.config import QuantizeConfig, parse_int_list
     from gencli.cli.common import require
+    from gencli.config import QuantizeConfig, parse_int_list
 
     sizes = parse_int_list(codes, "codes")
     require(len(sizes) in (1, levels), f"--codes lists {len(sizes)} sizes but --levels is {levels}; give one size or "
@@ -33,7 +33,8 @@ def quantize(levels, codes, max_iter, seed, batch_size, device, codebooks_from, 
                        device=device, codebooks_from=str(codebooks_from.resolve()) if codebooks_from else "")
 
     def body(run, ws, progress):
-        from gencli.core import data, embed, quantize as core
+        from gencli.core import data, embed
+        from gencli.core import quantize as core
 
         items = data.load_items(ws.input_dir("ingest", "quantize"))
         x = embed.load_embeddings(ws.input_dir("embed", "quantize"))
