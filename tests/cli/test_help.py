@@ -1,0 +1,41 @@
+"""The CLI answers --help instantly: no torch (or other heavy import) at CLI import time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gencli.cli import COMMANDS
+
+CHECK = """
+import sys
+from gencli.cli import cli
+try:
+    cli.main({args!r}, prog_name="gencli", standalone_mode=False)
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("torch", "transformers", "sentence_transformers", "polars", "numpy") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], *[[name, "--help"] for name in COMMANDS]])
+def test_help_imports_nothing_heavy(args):
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", CHECK.format(args=args)], capture_output=True, text=True, timeout=60)
+    elapsed = time.time() - t0
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
+    assert "Usage:" in out.stdout
+    assert elapsed < 5  # generous for a loaded CI box; interactively it is ~0.3 s
+
+
+def test_every_command_is_listed(runner):
+    from gencli.cli import cli
+
+    result = runner.invoke(cli, ["--help"])
+    for name in COMMANDS:
+        assert name in result.output
