@@ -69,5 +69,6 @@ def status(workdir, json_mode):
             shown = f"[red]{row['last_failure']['error'][:80]}[/red]"
         secs = f"{row['seconds']:.1f}s" if row["seconds"] is not None else ""
         state = row["state"]
-        table.add_row(row["step"], f"[{colours.get(state, 'white')}]{state}[/]", row["finished"] or "", secs, shown)
+        finished = (row["finished"] or "")[:16].replace("T", " ")
+        table.add_row(row["step"], f"[{colours.get(state, 'white')}]{state}[/]", finished, secs, shown)
     console().print(table)

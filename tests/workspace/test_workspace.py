@@ -118,7 +118,7 @@ def test_corrupt_manifest_is_a_clear_error(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "manifest.json").write_text("{half")
     with pytest.raises(ArtifactError, match="corrupt"):
-        Workspace(tmp_path / "w").manifest
+        _ = Workspace(tmp_path / "w").manifest
 
 
 def test_second_process_gets_locked_error(tmp_path):

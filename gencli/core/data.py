@@ -1,0 +1,163 @@
+"""Small loaders and helpers over the ingest artifacts, shared by the later steps.
+
+The artifact schemas are in :mod:`gencli.core.artifacts` and docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from gencli.core import artifacts
+from gencli.errors import ArtifactError, InputError
+
+SPLIT_FILES = {"train": artifacts.TRAIN, "valid": artifacts.VALID, "test": artifacts.TEST}
+_REQUIRED = {
+    artifacts.ITEMS: ("item_idx", "item_id", "title"),
+    artifacts.INTERACTIONS: ("user_idx", "user_id", "item_idx", "timestamp", "rating"),
+    artifacts.TRAIN: ("user_idx", "user_id", "sequence"),
+    artifacts.VALID: ("user_idx", "user_id", "history", "target"),
+    artifacts.TEST: ("user_idx", "user_id", "history", "target"),
+    artifacts.USERS: ("user_idx", "user_id"),
+}
+
+
+def _load(ingest_dir: Path, name: str) -> pl.DataFrame:
+    path = Path(ingest_dir) / name
+    if not path.is_file():
+        raise ArtifactError(f"{path}: ingest artifact is missing; rerun `gencli ingest` (or with --force)")
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - any reader failure means a corrupt file
+        raise ArtifactError(
+            f"{path}: ingest artifact is corrupt ({type(err).__name__}: {err}); rerun `gencli ingest --force`"
+        ) from None
+    missing = [c for c in _REQUIRED[name] if c not in frame.columns]
+    if missing:
+        raise ArtifactError(
+            f"{path}: ingest artifact lacks columns {', '.join(missing)} "
+            f"(has {', '.join(frame.columns)}); rerun `gencli ingest --force`"
+        )
+    return frame
+
+
+def load_items(ingest_dir: Path) -> pl.DataFrame:
+    """items.parquet: item_idx (0..n-1 in row order), item_id, title, description, category, brand, ..."""
+    frame = _load(ingest_dir, artifacts.ITEMS)
+    if not frame["item_idx"].equals(pl.Series("item_idx", np.arange(frame.height)), check_dtypes=False):
+        raise ArtifactError(
+            f"{Path(ingest_dir) / artifacts.ITEMS}: item_idx is not 0..n-1 in row order; rerun `gencli ingest --force`"
+        )
+    return frame
+
+
+def load_split(ingest_dir: Path, split: str) -> pl.DataFrame:
+    """train.parquet (user_idx, user_id, sequence) or valid/test.parquet (user_idx, user_id, history, target)."""
+    if split not in SPLIT_FILES:
+        raise ValueError(f"split must be one of {', '.join(SPLIT_FILES)} (got {split!r})")
+    return _load(ingest_dir, SPLIT_FILES[split])
+
+
+def load_interactions(ingest_dir: Path) -> pl.DataFrame:
+    """interactions.parquet: user_idx, user_id, item_idx, timestamp, rating (chronological per user)."""
+    return _load(ingest_dir, artifacts.INTERACTIONS)
+
+
+def load_users(ingest_dir: Path) -> pl.DataFrame:
+    """users.parquet: user_idx (0..n-1), user_id."""
+    return _load(ingest_dir, artifacts.USERS)
+
+
+def train_target_counts(train: pl.DataFrame, n_items: int) -> np.ndarray:
+    """How often each item is a supervision target in training: every element of each
+    ``sequence`` except the first. int64 array of length ``n_items``."""
+    targets = train.select(pl.col("sequence").list.slice(1)).explode("sequence")["sequence"].drop_nulls()
+    return np.bincount(targets.to_numpy().astype(np.int64), minlength=n_items).astype(np.int64)
+
+
+def popularity_buckets(counts: np.ndarray, head_mass: float = 0.2, tail_mass: float = 0.2) -> np.ndarray:
+    """'head' / 'torso' / 'tail' per item from its count (e.g. :func:`train_target_counts`).
+
+    Rule: rank items by count, descending. Walking down the ranking, the head is every item that
+    starts before ``head_mass`` (20%) of the total count is covered, the torso every further item
+    that starts before ``1 - tail_mass`` (80%) is covered, the tail the rest (so the tail holds the
+    last 20% of the mass and every zero-count item). Items with equal counts always share a bucket:
+    a bucket is cut at a count threshold (the count of its last ranked item), so the head can cover a
+    little more than 20% when ties straddle the cut. All-zero counts: every item is tail.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.full(counts.shape, "tail", dtype="<U5")
+    total = counts.sum()
+    if total == 0:
+        return out
+    ranked = np.sort(counts)[::-1]
+    before = np.cumsum(ranked) - ranked  # mass covered before each ranked item
+    head_min = ranked[np.flatnonzero(before < head_mass * total)[-1]]
+    torso_min = ranked[np.flatnonzero(before < (1.0 - tail_mass) * total)[-1]]
+    out[(counts >= torso_min) & (counts > 0)] = "torso"
+    out[counts >= head_min] = "head"
+    return out
+
+
+def item_text(items_df: pl.DataFrame, template: str) -> list[str]:
+    """Format ``template`` (e.g. '{title}. {category}. {description}') for every item row.
+
+    A missing or empty field is dropped together with the separator that follows it
+    ('A. . C' never happens: it becomes 'A. C'); the text after the last kept field is the
+    template's ending. Raises InputError for a column the items do not have.
+    """
+    prefix, fields, suffix = _parse_template(template)
+    available = list(items_df.columns)
+    unknown = [name for name, _, _, _ in fields if name not in available]
+    if unknown:
+        raise InputError(
+            f"--template refers to column {unknown[0]!r}, which the items do not have "
+            f"(available: {', '.join(available)}); fix the template"
+        )
+    formatter = string.Formatter()
+    columns = {
+        name: items_df[name].cast(pl.String, strict=False).to_list() for name in dict.fromkeys(f[0] for f in fields)
+    }
+    texts = []
+    for row in range(items_df.height):
+        parts: list[tuple[str, str]] = []
+        for name, conversion, spec, separator in fields:
+            value = columns[name][row]
+            value = value.strip() if value is not None else ""
+            if value:
+                value = formatter.format_field(formatter.convert_field(value, conversion), spec)
+                parts.append((value, separator))
+        body = "".join(v + (s if i < len(parts) - 1 else "") for i, (v, s) in enumerate(parts))
+        texts.append(prefix + body + suffix)
+    return texts
+
+
+def _parse_template(template: str) -> tuple[str, list[tuple[str, str | None, str, str]], str]:
+    """(prefix, [(field, conversion, spec, separator after it)], suffix) of a format string."""
+    try:
+        pieces = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise InputError(
+            f"--template {template!r} is not a valid format string ({err}); "
+            "write columns in braces, e.g. '{title}. {description}', and double literal braces"
+        ) from None
+    prefix, fields = "", []
+    for literal, name, spec, conversion in pieces:
+        if fields:  # literal text after a field is that field's separator
+            fields[-1] = (*fields[-1][:3], fields[-1][3] + literal)
+        else:
+            prefix += literal
+        if name is not None:
+            if name == "" or name.isdigit():
+                raise InputError(
+                    f"--template {template!r} has a positional field '{{{name}}}'; name a column, e.g. '{{title}}'"
+                )
+            fields.append((name, conversion, spec or "", ""))
+    if not fields:
+        return prefix, [], ""
+    suffix = fields[-1][3]
+    fields[-1] = (*fields[-1][:3], "")
+    return prefix, fields, suffix

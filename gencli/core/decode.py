@@ -1,0 +1,252 @@
+"""SID trie + constrained beam search: decoding can only ever emit the SID of a catalog item.
+
+The trie is a set of flat arrays per depth (no Python object per node), so a 1M
+item catalog costs O(n_items * D) memory. Items are sorted lexicographically by
+their token rows; the nodes at depth t are the distinct prefixes of length t in
+that order, so the children of a node are a contiguous range of depth t+1 nodes
+and each child is (parent, token). Beam search asks for the children of every
+beam at once (one gather) and scores only those tokens, which is exactly HF beam
+search with a ``prefix_allowed_tokens_fn`` mask (full-vocab log_softmax, then
+disallowed tokens at -inf) without building a [beams x vocab] mask.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from gencli.core.progress import SILENT, Progress
+
+
+class SidTrie:
+    """Prefix tree over the SIDs (token ids, [n_items, D]) of every catalog item.
+
+    Node ids are per depth: depth 0 has the root (node 0), depth D has one node per
+    distinct full SID (a leaf). When two items share a full SID (the dedup level
+    should prevent it) the leaf maps to the lower item index; ``n_duplicates`` counts
+    the items that can therefore never be decoded.
+    """
+
+    def __init__(self, item_tokens: np.ndarray):
+        tokens = np.asarray(item_tokens, dtype=np.int64)
+        if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ValueError(f"item_tokens must be a non-empty [n_items, D] array (got shape {tokens.shape})")
+        if tokens.min() < 0:
+            raise ValueError("item_tokens must hold non-negative token ids")
+        n, depth = tokens.shape
+        self.depth = depth
+        self.n_items = n
+        self.vocab_bound = int(tokens.max()) + 1  # every SID token id is < this
+        order = np.lexsort(tokens.T[::-1])  # stable: equal rows keep ascending item order
+        rows = tokens[order]
+        neq = rows[1:] != rows[:-1]
+        first_diff = np.where(neq.any(axis=1), neq.argmax(axis=1), depth)  # first column where row i+1 differs
+
+        # child_start[t][p]..child_start[t][p+1]: depth t+1 node ids that are children of depth-t node p.
+        # node_token[t] / node_key[t]: token and (parent * vocab_bound + token) of the depth t+1 nodes
+        # (keys are strictly increasing, so a (parent, token) pair is found with searchsorted).
+        child_start, node_token, node_key = [], [], []
+        parent_of_row = np.zeros(n, dtype=np.int64)
+        for t in range(1, depth + 1):
+            is_new = np.concatenate([[True], first_diff < t])
+            node_of_row = np.cumsum(is_new) - 1
+            first_rows = np.flatnonzero(is_new)
+            parent = parent_of_row[first_rows]
+            token = rows[first_rows, t - 1]
+            child_start.append(np.searchsorted(parent, np.arange(parent[-1] + 2)))
+            node_token.append(token)
+            node_key.append(parent * self.vocab_bound + token)
+            parent_of_row = node_of_row
+        self.leaf_item = order[first_rows]
+        self.n_duplicates = n - len(first_rows)
+        self.max_children = [int(np.diff(cs).max()) for cs in child_start]
+        self._child_start = [torch.from_numpy(a) for a in child_start]
+        self._node_token = [torch.from_numpy(a) for a in node_token]
+        self._node_key = [torch.from_numpy(a) for a in node_key]
+        self._leaf_item = torch.from_numpy(self.leaf_item)
+
+    def to(self, device: torch.device | str) -> SidTrie:
+        """Move the lookup tensors to ``device`` (in place; returns self)."""
+        self._child_start = [x.to(device) for x in self._child_start]
+        self._node_token = [x.to(device) for x in self._node_token]
+        self._node_key = [x.to(device) for x in self._node_key]
+        self._leaf_item = self._leaf_item.to(device)
+        return self
+
+    def n_nodes(self, depth: int) -> int:
+        """Number of distinct prefixes of length ``depth`` (1 at depth 0)."""
+        return 1 if depth == 0 else len(self._node_token[depth - 1])
+
+    def children(self, nodes: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Children of depth-``depth`` nodes [N] as (child node ids, token ids, valid), each [N, C].
+
+        C is the largest fan-out at that depth; padded slots have valid=False, and their
+        ids/tokens are clamped to real entries so they can be used as indices.
+        """
+        starts = self._child_start[depth]
+        lo, hi = starts[nodes], starts[nodes + 1]
+        slot = torch.arange(self.max_children[depth], device=nodes.device)
+        child = lo[:, None] + slot[None, :]
+        valid = child < hi[:, None]
+        child = torch.where(valid, child, lo[:, None])  # every node has >= 1 child, so lo is a real node
+        return child, self._node_token[depth][child], valid
+
+    def allowed_mask(self, nodes: torch.Tensor, depth: int, vocab_size: int) -> torch.Tensor:
+        """Boolean [N, vocab_size]: which next tokens keep each depth-``depth`` prefix inside the catalog."""
+        _, tokens, _ = self.children(nodes, depth)  # padded slots repeat the first child's (allowed) token
+        mask = torch.zeros(len(nodes), vocab_size, dtype=torch.bool, device=nodes.device)
+        return mask.scatter_(1, tokens, True)
+
+    def step(self, nodes: torch.Tensor, depth: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Depth-``depth+1`` node reached from ``nodes`` by ``tokens`` ([N] each); -1 where no item has it."""
+        keys = self._node_key[depth]
+        query = nodes * self.vocab_bound + tokens.clamp(0, self.vocab_bound - 1)
+        pos = torch.searchsorted(keys, query).clamp(max=len(keys) - 1)
+        found = (keys[pos] == query) & (tokens >= 0) & (tokens < self.vocab_bound) & (nodes >= 0)
+        return torch.where(found, pos, torch.full_like(pos, -1))
+
+    def lookup(self, paths: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Item index of each full SID path [N, D] (token ids); -1 for a path that is no item."""
+        paths = torch.as_tensor(np.asarray(paths), dtype=torch.int64, device=self._leaf_item.device)
+        if paths.ndim != 2 or paths.shape[1] != self.depth:
+            raise ValueError(f"paths must be [N, {self.depth}] (got {tuple(paths.shape)})")
+        nodes = torch.zeros(len(paths), dtype=torch.int64, device=paths.device)
+        for t in range(self.depth):
+            nodes = self.step(nodes, t, paths[:, t])
+            nodes = torch.where(nodes >= 0, nodes, torch.full_like(nodes, -1))
+        items = torch.where(nodes >= 0, self._leaf_item[nodes.clamp(min=0)], torch.full_like(nodes, -1))
+        return items.cpu().numpy()
+
+    def item_of_leaf(self, leaves: torch.Tensor) -> torch.Tensor:
+        """Item index of depth-D nodes."""
+        return self._leaf_item[leaves]
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers >= 5.2x names the KV cache argument ``cache``; older models ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask, position_ids for left-padded prompts (positions start at 0 at the first real token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.int64)
+            mask[i, width - len(p) :] = 1
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _decode_batch(
+    model: torch.nn.Module, prompts: list[list[int]], trie: SidTrie, beams: int, cache_kw: str, keep_kw: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf."""
+    device = trie._leaf_item.device
+    b = len(prompts)
+    ids, mask, pos = _left_pad(prompts, device)
+    cache = DynamicCache(config=model.config)
+    extra = {"logits_to_keep": 1} if keep_kw else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
+    logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    del out
+    # one live beam per user at the start so the first step yields distinct beams (as HF does)
+    score = torch.full((b, beams), -math.inf, device=device)
+    score[:, 0] = 0.0
+    nodes = torch.zeros(b * beams, dtype=torch.int64, device=device)
+    row = torch.arange(b, device=device).repeat_interleave(beams)  # logp row of each beam (prefill: the user's row)
+    user_base = torch.arange(b, device=device)[:, None] * beams
+    beam_mask = mask.repeat_interleave(beams, dim=0)
+    next_pos = pos[:, -1:].repeat_interleave(beams, dim=0) + 1
+    for t in range(trie.depth):
+        child, tok, valid = trie.children(nodes, t)  # [b*beams, C]
+        c = child.shape[1]
+        cand = score.reshape(-1, 1) + logp[row[:, None], tok]
+        cand = cand.masked_fill(~valid, -math.inf).reshape(b, beams * c)
+        score, flat = cand.topk(beams, dim=1)
+        origin = user_base + torch.div(flat, c, rounding_mode="floor")  # global beam row each new beam extends
+        pick = origin * c + flat % c
+        nodes = child.reshape(-1)[pick.reshape(-1)]
+        if t == trie.depth - 1:
+            break
+        src = origin.reshape(-1)
+        cache.reorder_cache(row[src] if t == 0 else src)  # t == 0 also expands the prefill cache to b*beams rows
+        beam_mask = torch.cat([beam_mask, torch.ones_like(beam_mask[:, :1])], dim=1)
+        tokens = tok.reshape(-1)[pick.reshape(-1)]
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=beam_mask,
+            position_ids=next_pos + t,
+            use_cache=True,
+            **{cache_kw: cache},
+        )
+        logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        del out
+        row = torch.arange(b * beams, device=device)
+    items = trie.item_of_leaf(nodes).reshape(b, beams)
+    items = torch.where(torch.isfinite(score), items, torch.full_like(items, -1))
+    return items, score
+
+
+def _rank_beams(items: torch.Tensor, score: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each row by score descending, ties by item index ascending; keep top_k."""
+    by_item = torch.argsort(items, dim=1, stable=True)
+    items, score = items.gather(1, by_item), score.gather(1, by_item)
+    by_score = torch.argsort(score, dim=1, descending=True, stable=True)
+    return items.gather(1, by_score)[:, :top_k], score.gather(1, by_score)[:, :top_k]
+
+
+def constrained_beam_search(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    trie: SidTrie,
+    beams: int = 20,
+    top_k: int = 20,
+    batch_size: int = 32,
+    device: torch.device | str | None = None,
+    progress: Progress = SILENT,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
+
+    Runs exactly D = trie.depth steps whether or not the vocab has an EOS (an SID has a fixed length,
+    so EOS is never scored). ``device`` is where ``model`` already lives (default: its parameters'
+    device); the trie is moved there. Scores are sums of full-vocab log-probabilities
+    of the chosen tokens. Returns (items [U, top_k] int64, -1 where fewer than top_k items were
+    reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index.
+    """
+    if not 1 <= top_k <= beams:
+        raise ValueError(f"top_k must be in [1, beams] (got top_k={top_k}, beams={beams})")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (e.g. BOS)")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    head = model.get_output_embeddings()
+    n_vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
+    if trie.vocab_bound > n_vocab:
+        raise ValueError(f"the SID token ids go up to {trie.vocab_bound - 1} but the model has {n_vocab} logits")
+    model.eval()
+    trie.to(device)
+    cache_kw = _cache_kwarg(model)
+    keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+    n = len(prompts)
+    items = np.full((n, top_k), -1, dtype=np.int64)
+    scores = np.full((n, top_k), -np.inf, dtype=np.float32)
+    # longest prompts first: batches of similar length waste little on padding, and memory peaks early
+    order = sorted(range(n), key=lambda i: -len(prompts[i]))
+    with torch.inference_mode(), progress.track("decode", n) as advance:
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            batch_items, batch_scores = _decode_batch(model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw)
+            batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
+            items[idx] = batch_items.cpu().numpy()
+            scores[idx] = batch_scores.cpu().numpy()
+            advance(len(idx))
+    return items, scores

@@ -1,0 +1,66 @@
+"""Recall@K and NDCG@K for next-item prediction (one target per user), overall and per group.
+
+With a single relevant item the ideal DCG is 1, so NDCG@K = 1 / log2(rank + 1) when the
+target is ranked within the first K, else 0; Recall@K is the hit rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GROUP_ORDER = ("head", "torso", "tail")  # popularity buckets first, in this order; other groups sorted after
+
+
+def rank_of_target(pred_items: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """1-based position of each user's target in its prediction row [U, K]; 0 when absent."""
+    pred_items = np.asarray(pred_items)
+    targets = np.asarray(targets)
+    if pred_items.ndim != 2 or targets.shape != (pred_items.shape[0],):
+        raise ValueError(f"pred_items must be [U, K] and targets [U] (got {pred_items.shape} and {targets.shape})")
+    hit = pred_items == targets[:, None]
+    return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, 0).astype(np.int64)
+
+
+def recall_at_k(ranks: np.ndarray, k: int) -> float:
+    """Fraction of users whose target is in the top k (0.0 for no users)."""
+    ranks = np.asarray(ranks)
+    return float(np.mean((ranks >= 1) & (ranks <= k))) if ranks.size else 0.0
+
+
+def ndcg_at_k(ranks: np.ndarray, k: int) -> float:
+    """Mean of 1/log2(rank+1) over users whose target is in the top k, 0 for the others."""
+    ranks = np.asarray(ranks)
+    if not ranks.size:
+        return 0.0
+    hit = (ranks >= 1) & (ranks <= k)
+    gains = np.where(hit, 1.0 / np.log2(np.maximum(ranks, 1) + 1.0), 0.0)
+    return float(gains.mean())
+
+
+def _block(ranks: np.ndarray, ks: tuple[int, ...] | list[int]) -> dict:
+    out: dict = {}
+    for k in ks:
+        out[f"recall@{k}"] = recall_at_k(ranks, k)
+    for k in ks:
+        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+    out["users"] = int(np.asarray(ranks).size)
+    return out
+
+
+def summarize(ranks: np.ndarray, ks: tuple[int, ...] | list[int], groups: np.ndarray | None = None) -> dict:
+    """{"overall": {"recall@k": .., "ndcg@k": .., "users": n}, <group>: {...}, ...}.
+
+    ``groups`` (one label per user, e.g. the popularity bucket of the target) adds one block per
+    label: head, torso, tail first, any other label after them in sorted order.
+    """
+    ranks = np.asarray(ranks)
+    summary = {"overall": _block(ranks, ks)}
+    if groups is not None:
+        groups = np.asarray(groups).astype(str)
+        if groups.shape != ranks.shape:
+            raise ValueError(f"groups must have one label per user ({ranks.shape}), got {groups.shape}")
+        labels = set(groups.tolist())
+        ordered = [g for g in GROUP_ORDER if g in labels] + sorted(labels - set(GROUP_ORDER))
+        for label in ordered:
+            summary[label] = _block(ranks[groups == label], ks)
+    return summary

@@ -1,0 +1,172 @@
+"""SID trie and constrained beam search on tiny random Qwen3 models."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from gencli.core.decode import SidTrie, constrained_beam_search
+
+BASE = 40
+
+
+def tiny_model(levels: tuple[int, ...], seed: int = 0) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=BASE + sum(levels),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+    )
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def random_catalog(levels: tuple[int, ...], n: int, seed: int = 0) -> np.ndarray:
+    """Token ids [n_unique, D] of distinct random SIDs; level l uses ids BASE + sum(levels[:l]) + code."""
+    rng = np.random.default_rng(seed)
+    codes = np.unique(np.stack([rng.integers(0, k, n) for k in levels], axis=1), axis=0)
+    rng.shuffle(codes)
+    return codes + np.cumsum([BASE, *levels[:-1]])
+
+
+def random_prompts(n: int, vocab: int, seed: int = 1, max_len: int = 13) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, rng.integers(1, max_len)).tolist() for _ in range(n)]
+
+
+def teacher_forced_scores(model, prompt: list[int], sids: np.ndarray) -> np.ndarray:
+    """Sum of full-vocab log-probs of each SID after ``prompt``, one full forward per SID (no cache)."""
+    seqs = torch.tensor([prompt + s for s in sids.tolist()])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=seqs).logits.float(), dim=-1)
+    start = len(prompt) - 1
+    picked = logp[:, start : start + sids.shape[1]].gather(2, seqs[:, len(prompt) :, None])[..., 0]
+    return picked.sum(dim=1).numpy()
+
+
+def test_trie_structure_by_hand():
+    tokens = np.array([[5, 7, 9], [5, 8, 9], [6, 7, 9], [5, 7, 10]])
+    trie = SidTrie(tokens)
+    assert [trie.n_nodes(t) for t in range(4)] == [1, 2, 3, 4]
+    assert trie.max_children == [2, 2, 2]
+    child, tok, valid = trie.children(torch.tensor([0]), 0)
+    assert tok[valid].tolist() == [5, 6]
+    # depth-1 node 0 is prefix (5,), node 1 is (6,)
+    _, tok, valid = trie.children(torch.tensor([0, 1]), 1)
+    assert tok[0][valid[0]].tolist() == [7, 8] and tok[1][valid[1]].tolist() == [7]
+    mask = trie.allowed_mask(torch.tensor([0, 1]), 1, vocab_size=12)
+    assert mask[0].nonzero().flatten().tolist() == [7, 8]
+    assert mask[1].nonzero().flatten().tolist() == [7]
+    assert trie.step(torch.tensor([0, 0, 1]), 1, torch.tensor([8, 6, 8])).tolist() == [1, -1, -1]
+    paths = np.array([[5, 7, 10], [6, 7, 9], [5, 7, 9], [5, 8, 9], [6, 8, 9], [9, 9, 9], [11, 7, 9]])
+    assert trie.lookup(paths).tolist() == [3, 2, 0, 1, -1, -1, -1]
+    assert trie.n_duplicates == 0
+
+
+def test_trie_duplicates_map_to_lowest_item():
+    trie = SidTrie(np.array([[3, 4], [1, 2], [3, 4]]))
+    assert trie.n_duplicates == 1
+    assert trie.lookup(np.array([[3, 4], [1, 2]])).tolist() == [0, 1]
+
+
+def test_exhaustive_beam_matches_teacher_forcing():
+    levels = (6, 6, 3)
+    model, sids = tiny_model(levels), random_catalog(levels, 150)
+    prompts = random_prompts(5, model.config.vocab_size)
+    items, scores = constrained_beam_search(model, prompts, SidTrie(sids), beams=len(sids), top_k=10, batch_size=2)
+    for u, prompt in enumerate(prompts):
+        exact = teacher_forced_scores(model, prompt, sids)
+        best = np.lexsort((np.arange(len(sids)), -exact))[:10]
+        assert items[u].tolist() == best.tolist()
+        np.testing.assert_allclose(scores[u], exact[best], atol=1e-4)
+
+
+@pytest.mark.parametrize("levels,n", [((16, 16, 16, 4), 3000), ((2, 2, 2, 400), 4000)])
+def test_every_returned_item_is_a_catalog_item_with_its_own_sid(levels, n):
+    # first: a few thousand random SIDs; second: 8 prefixes shared by hundreds of items each
+    model, sids = tiny_model(levels), random_catalog(levels, n)
+    assert len(sids) > 2000
+    trie = SidTrie(sids)
+    prompts = random_prompts(6, model.config.vocab_size)
+    items, scores = constrained_beam_search(model, prompts, trie, beams=8, top_k=8, batch_size=4)
+    assert items.shape == (6, 8) and items.dtype == np.int64
+    assert ((items >= 0) & (items < len(sids))).all()
+    assert all(len(set(row)) == 8 for row in items.tolist())
+    assert (np.diff(scores, axis=1) <= 0).all()
+    for u, prompt in enumerate(prompts):  # the score is exactly the log-prob of that item's SID
+        np.testing.assert_allclose(scores[u], teacher_forced_scores(model, prompt, sids[items[u]]), atol=1e-4)
+
+
+def test_matches_hf_generate_with_prefix_allowed_tokens_fn():
+    levels = (8, 8, 8, 2)
+    model, sids = tiny_model(levels, seed=3), random_catalog(levels, 600, seed=3)
+    prompts = random_prompts(4, model.config.vocab_size, seed=4, max_len=9)
+    beams, depth = 6, sids.shape[1]
+    ours, our_scores = constrained_beam_search(model, prompts, SidTrie(sids), beams=beams, top_k=beams)
+    allowed: dict[tuple, set] = {}
+    for row in sids.tolist():
+        for t in range(depth):
+            allowed.setdefault(tuple(row[:t]), set()).add(row[t])
+    allowed_lists = {k: sorted(v) for k, v in allowed.items()}
+    lookup = {tuple(row): i for i, row in enumerate(sids.tolist())}
+    for u, prompt in enumerate(prompts):  # one user at a time: no padding on the HF side
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            num_beams=beams,
+            num_return_sequences=beams,
+            do_sample=False,
+            max_new_tokens=depth,
+            length_penalty=0.0,
+            early_stopping=True,
+            pad_token_id=0,
+            eos_token_id=None,
+            prefix_allowed_tokens_fn=lambda _, seq, n=len(prompt): allowed_lists[tuple(seq[n:].tolist())],
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        hf_items = [lookup[tuple(s[len(prompt) :].tolist())] for s in out.sequences]
+        assert ours[u].tolist() == hf_items
+        np.testing.assert_allclose(our_scores[u], out.sequences_scores.numpy(), atol=1e-4)
+
+
+def test_batching_and_padding_do_not_change_results():
+    levels = (8, 8, 4)
+    model, sids = tiny_model(levels, seed=5), random_catalog(levels, 200, seed=5)
+    trie = SidTrie(sids)
+    prompts = random_prompts(7, model.config.vocab_size, seed=6, max_len=20)
+    one_by_one = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=1)
+    batched = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=3)
+    again = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=3)
+    assert (one_by_one[0] == batched[0]).all()
+    np.testing.assert_allclose(one_by_one[1], batched[1], atol=1e-5)
+    assert (batched[0] == again[0]).all() and (batched[1] == again[1]).all()  # deterministic
+
+
+def test_ties_break_by_item_index_and_missing_items_are_minus_one():
+    levels = (3, 2)
+    model = tiny_model(levels)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # every token equally likely: all items tie
+    sids = np.array([[BASE + 2, BASE + 3], [BASE + 0, BASE + 4], [BASE + 0, BASE + 3], [BASE + 1, BASE + 4]])
+    items, scores = constrained_beam_search(model, [[1, 2], [3]], SidTrie(sids), beams=6, top_k=6)
+    assert items.tolist() == [[0, 1, 2, 3, -1, -1]] * 2
+    expected = -2 * math.log(model.config.vocab_size)
+    np.testing.assert_allclose(scores[:, :4], expected, rtol=1e-6)
+    assert np.isneginf(scores[:, 4:]).all()
+
+
+def test_argument_errors():
+    model, sids = tiny_model((4, 4)), random_catalog((4, 4), 10)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        constrained_beam_search(model, [[1]], SidTrie(sids), beams=2, top_k=3)
+    with pytest.raises(ValueError, match="at least one token"):
+        constrained_beam_search(model, [[]], SidTrie(sids), beams=2, top_k=2)
+    with pytest.raises(ValueError, match="model has 48 logits"):
+        constrained_beam_search(model, [[1]], SidTrie(np.array([[60, 61]])), beams=2, top_k=2)
