@@ -177,8 +177,8 @@ class InitVocabConfig:
     """gti: learning rate."""
     gti_layer: int = -1
     """gti: hidden layer to mean-pool (-1 = last)."""
-    gti_max_items: int = 20000
-    """gti: at most this many item texts are encoded (sampled with the seed)."""
+    gti_max_items: int = 2000
+    """gti: at most this many item texts are encoded (sampled with the seed; ~0.15 s each for SmolLM2 on CPU)."""
     device: str = "auto"
     dtype: str = "auto"
 

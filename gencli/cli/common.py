@@ -80,6 +80,7 @@ def execute(
     from gencli.ui.output import emit_json, print_step_result
     from gencli.ui.progress import make_progress
 
+    quiet_libraries()
     ws = open_workspace(workdir)
     params = {**to_dict(cfg), **(extra_params or {})}
     run = None
@@ -87,6 +88,7 @@ def execute(
         ups = upstream(ws) if callable(upstream) else upstream
         run = ws.begin(step, params, ups, files=files, force=force, resume=resume)
         if run.up_to_date:
+            ws.release()
             record = ws.step_record(step)
             result = {"step": step, "status": "up-to-date", "dir": str(ws.step_dir(step)), "metrics": record["metrics"]}
             if json_mode:
@@ -133,3 +135,12 @@ def require(condition: bool, message: str, json_mode: bool) -> None:
         from gencli.errors import InputError
 
         fail(InputError(message), json_mode)
+
+
+def quiet_libraries() -> None:
+    """Library bars and advisories would break --json output and clutter logs; gencli draws its own progress."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")

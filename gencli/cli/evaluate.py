@@ -57,7 +57,8 @@ def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_his
         codes, _ = item_codes(ws, step)
         metrics = evaluate.run(cfg, model_dir, load_sid_vocab(vocab_path), codes, split_df,
                                data.popularity_buckets(counts), cohort, run.out_dir, progress)
-        return {"model_step": chosen["step"], **metrics}
+        blocks = metrics.pop("metrics")  # overall/head/torso/tail at the top level: status and run show them
+        return {"model_step": chosen["step"], **metrics, **blocks}
 
     execute(step=step, cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body)
 

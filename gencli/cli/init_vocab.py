@@ -19,16 +19,21 @@ from gencli.cli.common import build_config, execute, step_options
 @click.option("--eps", type=float, default=1.0, show_default=True, help="random: N(mu, eps * Sigma) of the base vocab.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--gti-steps", type=int, default=200, show_default=True)
+@click.option("--gti-lr", type=float, default=1e-2, show_default=True, help="gti: learning rate of the projection.")
 @click.option("--gti-layer", type=int, default=-1, show_default=True, help="gti: hidden layer to pool (-1 = last).")
+@click.option("--gti-max-items", type=int, default=2000, show_default=True,
+              help="gti: item texts encoded at most (a seeded sample).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @step_options
-def init_vocab(model, init, projection, scale, eps, seed, gti_steps, gti_layer, device, dtype, workdir, json_mode, force):
+def init_vocab(model, init, projection, scale, eps, seed, gti_steps, gti_lr, gti_layer, gti_max_items, device, dtype,
+               workdir, json_mode, force):
     """Add one token per (level, code) and per dedup index; save a plain HF folder (model + tokenizer)."""
     from gencli.config import InitVocabConfig
 
     cfg = build_config(InitVocabConfig, json_mode, model=model, init=init, projection=projection, scale=scale, eps=eps,
-                       seed=seed, gti_steps=gti_steps, gti_layer=gti_layer, device=device, dtype=dtype)
+                       seed=seed, gti_steps=gti_steps, gti_lr=gti_lr, gti_layer=gti_layer,
+                       gti_max_items=gti_max_items, device=device, dtype=dtype)
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes

