@@ -254,6 +254,7 @@ class TrainConfig:
     schedule: str = "cosine"
     """cosine or linear decay after warmup."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
     max_history: int = 20
     """sft: last N history items per sample."""
     max_prefixes: int = 0
@@ -263,7 +264,7 @@ class TrainConfig:
     max_text_tokens: int = 64
     """cpt: item text truncated to this many tokens."""
     sid_softmax: bool = False
-    """sft: logits over SID rows (+EOS) only."""
+    """sft: softmax over the SID token rows only (targets are always SIDs; the prompt format has no EOS)."""
     eval_every: int = 0
     """sft: validation Recall@5 every N steps (0 = at the end only)."""
     eval_users: int = 200

@@ -1,0 +1,189 @@
+"""sft: next-item training on SID prompts, with validation Recall@5 and early stopping.
+
+Every parameter trains. A training sample is a prefix of a user's training
+sequence: the items before position ``t`` (the last ``cfg.max_history`` of them,
+as a prompt from :mod:`gencli.core.prompt`) predict item ``t``, for every
+``t >= 1``; with ``cfg.max_prefixes > 0`` only the latest that many per user.
+Samples are built on the fly from one flat array of item indices, so memory is
+O(events), not O(samples x prompt length).
+
+With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
+:class:`gencli.core.engine.TokenLoss`): every target is an SID token and the
+constrained decoder never considers anything else, while the head matmul shrinks
+from the whole base vocabulary to the SID rows.
+
+Validation: a seeded subsample of ``cfg.eval_users`` users of the valid split is
+decoded with the constrained beam search (``cfg.eval_beams`` beams) every
+``cfg.eval_every`` steps and at the end; the best Recall@5 is kept in ``best/``
+and becomes ``model/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from gencli.config import TrainConfig
+from gencli.core import artifacts
+from gencli.core.backbone import load_model
+from gencli.core.decode import SidTrie, constrained_beam_search
+from gencli.core.device import resolve_device
+from gencli.core.engine import EarlyStopping, ProgressCallback, TokenLoss, fit
+from gencli.core.metrics import rank_of_target, recall_at_k
+from gencli.core.progress import SILENT, Progress
+from gencli.core.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
+from gencli.errors import InputError
+
+EVAL_METRIC = "recall@5"
+
+
+def prefix_positions(lengths: np.ndarray, max_prefixes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(user row, target position) of every training sample.
+
+    A sequence of n items gives targets at positions 1..n-1 (each predicted from the items
+    before it); ``max_prefixes > 0`` keeps the latest ``max_prefixes`` of them.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.maximum(lengths - 1, 0)
+    if max_prefixes > 0:
+        counts = np.minimum(counts, max_prefixes)
+    rows = np.repeat(np.arange(len(lengths)), counts)
+    first = np.cumsum(counts) - counts  # index of each user's first sample
+    positions = np.arange(int(counts.sum())) - np.repeat(first, counts) + np.repeat(lengths - counts, counts)
+    return rows, positions
+
+
+class SftExamples:
+    """Next-item samples drawn from flat sequences; ``example(i)`` builds the prompt on the fly."""
+
+    def __init__(self, sequences: pl.Series, item_tokens: np.ndarray, vocab: SidVocab, max_history: int,
+                 max_prefixes: int):
+        lengths = sequences.list.len().fill_null(0).to_numpy().astype(np.int64)
+        self.flat = sequences.explode().drop_nulls().to_numpy().astype(np.int64)
+        self.offsets = np.cumsum(lengths) - lengths
+        self.rows, self.positions = prefix_positions(lengths, max_prefixes)
+        self.item_tokens, self.bos_id, self.max_history = item_tokens, vocab.bos_id, max_history
+        depth = item_tokens.shape[1]
+        n_history = np.minimum(self.positions, max_history)
+        self._lengths = (0 if vocab.bos_id is None else 1) + (n_history + 1) * depth
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+    def example(self, i: int) -> tuple[list[int], list[int]]:
+        start = self.offsets[self.rows[i]]
+        end = start + self.positions[i]
+        history = self.flat[max(start, end - self.max_history):end]
+        return build_example(history, int(self.flat[end]), self.item_tokens, self.max_history, self.bos_id)
+
+
+class RecallEvaluator:
+    """Validation Recall@5 (and @10 when the beam allows) of a seeded user subsample, constrained decoding."""
+
+    def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
+                 device: torch.device):
+        n = valid.height
+        picked = np.arange(n)
+        if 0 < cfg.eval_users < n:
+            picked = np.sort(np.random.default_rng(cfg.seed).choice(n, size=cfg.eval_users, replace=False))
+        rows = valid[picked.tolist()]
+        self.prompts = [build_prompt(h, item_tokens, cfg.max_history, vocab.bos_id) for h in rows["history"].to_list()]
+        self.targets = rows["target"].to_numpy().astype(np.int64)
+        self.trie = SidTrie(item_tokens)
+        self.cfg, self.device = cfg, device
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+        beams = self.cfg.eval_beams
+        items, _ = constrained_beam_search(model, self.prompts, self.trie, beams=beams, top_k=beams,
+                                           batch_size=self.cfg.batch_size, device=self.device)
+        ranks = rank_of_target(items, self.targets)
+        metrics = {f"recall@{k}": recall_at_k(ranks, k) for k in (5, 10, 20) if k <= beams}
+        return {**metrics, "users": len(self.targets)}
+
+
+def sid_rows(vocab: SidVocab) -> list[int]:
+    """Vocabulary rows of every SID token (all levels incl. dedup), ascending."""
+    return sorted({t for level in vocab.token_ids for t in level})
+
+
+def _check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) -> None:
+    problems = []
+    if "sequence" not in train.columns:
+        problems.append(f"train split has columns {train.columns}, expected user_idx, sequence")
+    if valid is not None and not {"history", "target"} <= set(valid.columns):
+        problems.append(f"valid split has columns {valid.columns}, expected user_idx, history, target")
+    if not problems:
+        seen = train["sequence"].explode().drop_nulls()
+        if valid is not None:
+            seen = pl.concat([seen, valid["target"].cast(seen.dtype)])
+        bad = seen.filter((seen < 0) | (seen >= n_items))
+        if bad.len():
+            problems.append(f"item_idx values {bad.unique().sort().head(5).to_list()} are outside the {n_items} "
+                            "items that have SIDs")
+    if problems:
+        raise InputError("sft inputs disagree with the quantize step: " + "; ".join(problems)
+                         + "; rerun gencli ingest and gencli quantize on the same data")
+
+
+def run(
+    cfg: TrainConfig,
+    model_dir: Path,
+    vocab_path: Path,
+    item_codes: np.ndarray,
+    train: pl.DataFrame,
+    valid: pl.DataFrame | None,
+    out_dir: Path,
+    progress: Progress = SILENT,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune on next-item prediction; write ``model/`` (best validation checkpoint), ``best/``,
+    ``sid_vocab.json``, ``metrics.jsonl`` and ``checkpoints/``. Returns final and peak metrics."""
+    out_dir = Path(out_dir)
+    vocab = load_sid_vocab(vocab_path)
+    item_tokens = item_token_ids(item_codes, vocab)
+    valid = valid if valid is not None and valid.height > 0 else None
+    _check_frames(train, valid, len(item_tokens))
+    dataset = SftExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.max_prefixes)
+    if len(dataset) == 0:
+        raise InputError("the train split has no sequence with 2 or more items, so sft has no sample; "
+                         "ingest with a larger --min-user-events or check the interactions file")
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_model(model_dir, device, torch.float32)
+    evaluate = None if valid is None else RecallEvaluator(valid, item_tokens, vocab, cfg, device)
+    callbacks: list[Any] = [ProgressCallback(progress, "sft")]
+    if cfg.patience > 0:
+        callbacks.append(EarlyStopping(cfg.patience))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = fit(
+        model, dataset, cfg, out_dir,
+        pad_id=vocab.pad_id,
+        loss_fn=TokenLoss(sid_rows(vocab) if cfg.sid_softmax else None),
+        evaluate=evaluate,
+        metric=EVAL_METRIC,
+        callbacks=callbacks,
+        tokenizer=tokenizer,
+        progress=progress,
+        resume=resume,
+    )
+    shutil.copyfile(vocab_path, out_dir / artifacts.SID_VOCAB)
+    curve: Sequence[dict] = summary.pop("evals")
+    return {
+        "task": "sft",
+        **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
+        "samples": len(dataset),
+        "users": train.height,
+        "sid_softmax": cfg.sid_softmax,
+        "final_recall@5": curve[-1][EVAL_METRIC] if curve else None,
+        "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
+        "peak_step": summary["best_step"],
+        "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
+    }

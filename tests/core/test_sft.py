@@ -1,0 +1,145 @@
+"""sft: prefix samples, labels only on the target SID, restricted SID softmax, validation + best model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from tokenizers import AddedToken
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from gencli.config import TrainConfig
+from gencli.core import artifacts, sft
+from gencli.core.backbone import train_tiny_tokenizer
+from gencli.core.engine import IGNORE_INDEX, TokenLoss, collate
+from gencli.core.prompt import SidVocab, item_token_ids, load_sid_vocab
+
+LEVELS = [4, 4, 2]  # two quantizer levels + dedup
+CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
+VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,
+                 base_vocab_size=100)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build_sid_model(folder: Path) -> tuple[Path, Path]:
+    """A tiny Qwen3 + BPE tokenizer with SID tokens appended; returns (model dir, sid_vocab.json)."""
+    tok = train_tiny_tokenizer([f"item {i} text" for i in range(50)], vocab_size=300)
+    base = len(tok)
+    names = [artifacts.sid_token(lv, k) for lv, size in enumerate(LEVELS) for k in range(size)]
+    tok.add_tokens([AddedToken(n, special=True, normalized=False) for n in names], special_tokens=True)
+    ids = tok.convert_tokens_to_ids(names)
+    token_ids = [ids[sum(LEVELS[:lv]):sum(LEVELS[: lv + 1])] for lv in range(len(LEVELS))]
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=128,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    torch.manual_seed(0)
+    model_dir = folder / "model"
+    Qwen3ForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    vocab_path = folder / artifacts.SID_VOCAB
+    vocab_path.write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2, "pad_id": 3,
+                                      "base_vocab_size": base}))
+    return model_dir, vocab_path
+
+
+def toy_splits(n_users: int = 12, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Users walk the catalog in steps of 1 (a learnable pattern); valid = the next item."""
+    rng = np.random.default_rng(seed)
+    seqs = [[(s + j) % len(CODES) for j in range(int(rng.integers(3, 7)))]
+            for s in rng.integers(0, len(CODES), n_users)]
+    train = pl.DataFrame({"user_idx": range(n_users), "sequence": seqs}, schema_overrides={"sequence": pl.List(pl.Int32)})
+    valid = pl.DataFrame({"user_idx": range(n_users), "history": seqs, "target": [(s[-1] + 1) % len(CODES) for s in seqs]},
+                         schema_overrides={"history": pl.List(pl.Int32), "target": pl.Int32})
+    return train, valid
+
+
+def test_prefix_counts_are_exact_on_a_hand_made_frame():
+    rows, positions = sft.prefix_positions(np.array([4, 2, 1, 0, 5]), max_prefixes=0)
+    assert rows.tolist() == [0, 0, 0, 1, 4, 4, 4, 4]
+    assert positions.tolist() == [1, 2, 3, 1, 1, 2, 3, 4]
+    rows, positions = sft.prefix_positions(np.array([4, 2, 1, 0, 5]), max_prefixes=2)
+    assert rows.tolist() == [0, 0, 1, 4, 4]  # the latest two targets per user
+    assert positions.tolist() == [2, 3, 1, 3, 4]
+
+    train = pl.DataFrame({"user_idx": [0, 1, 2], "sequence": [[5, 6, 7, 8], [9, 10], [11]]})
+    data = sft.SftExamples(train["sequence"], item_token_ids(CODES, VOCAB), VOCAB, max_history=20, max_prefixes=0)
+    assert len(data) == 4
+
+
+def test_examples_put_the_loss_on_the_target_sid_only():
+    item_tokens = item_token_ids(CODES, VOCAB)
+    train = pl.DataFrame({"user_idx": [0, 1], "sequence": [[5, 6, 7, 8], [9, 10]]})
+    data = sft.SftExamples(train["sequence"], item_tokens, VOCAB, max_history=2, max_prefixes=0)
+    sid = {i: item_tokens[i].tolist() for i in range(len(CODES))}
+    ids, labels = data.example(2)  # user 0, history [5, 6, 7] cut to the last 2 -> target 8
+    assert ids == [1] + sid[6] + sid[7] + sid[8]
+    assert labels == [IGNORE_INDEX] * 7 + sid[8]
+    assert data.example(3) == ([1] + sid[9] + sid[10], [IGNORE_INDEX] * 4 + sid[10])
+    assert data.lengths().tolist() == [len(data.example(i)[0]) for i in range(len(data))] == [7, 10, 10, 7]
+
+
+def test_sid_softmax_loss_equals_restricted_cross_entropy(tmp_path):
+    model_dir, vocab_path = build_sid_model(tmp_path)
+    vocab = load_sid_vocab(vocab_path)
+    model = Qwen3ForCausalLM.from_pretrained(model_dir)
+    train, _ = toy_splits(4)
+    data = sft.SftExamples(train["sequence"], item_token_ids(CODES, vocab), vocab, max_history=20, max_prefixes=0)
+    batch = collate(data, range(len(data)), pad_id=vocab.pad_id)
+    rows = sft.sid_rows(vocab)
+    assert rows == list(range(vocab.base_vocab_size, vocab.base_vocab_size + 10))
+
+    restricted = TokenLoss(rows)(model, batch)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    keep = batch["targets"] != IGNORE_INDEX
+    log_probs = torch.log_softmax(logits[keep][:, rows], dim=-1)  # softmax over the SID columns only
+    by_hand = -log_probs[torch.arange(int(keep.sum())), batch["targets"][keep] - vocab.base_vocab_size].sum()
+    torch.testing.assert_close(restricted, by_hand, rtol=1e-5, atol=1e-5)
+    full = TokenLoss()(model, batch)
+    assert full > restricted  # the full softmax also spends mass on base tokens
+
+    bad = dict(batch, targets=torch.where(keep, torch.full_like(batch["targets"], 5), batch["targets"]))
+    with pytest.raises(ValueError, match="not a SID token"):
+        TokenLoss(rows)(model, bad)
+
+
+def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
+    model_dir, vocab_path = build_sid_model(tmp_path / "in")
+    train, valid = toy_splits()
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=5,
+                      sid_softmax=True, log_every=1)
+    out = tmp_path / "sft"
+    metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
+
+    assert metrics["steps"] == 4 and metrics["samples"] == sum(len(s) - 1 for s in train["sequence"].to_list())
+    assert [s for s, _ in metrics["valid_curve"]] == [2, 4]
+    recalls = [r for _, r in metrics["valid_curve"]]
+    assert metrics["peak_recall@5"] == max(recalls) and metrics["final_recall@5"] == recalls[-1]
+    assert metrics["peak_step"] == [2, 4][recalls.index(max(recalls))]
+    lines = [json.loads(ln) for ln in (out / artifacts.METRICS_JSONL).read_text().splitlines()]
+    valid_lines = [ln for ln in lines if ln["kind"] == "valid"]
+    assert [ln["users"] for ln in valid_lines] == [8, 8] and all(0 <= ln["recall@5"] <= 1 for ln in valid_lines)
+    assert all(ln["tokens_per_s"] > 0 for ln in lines if ln["kind"] == "train")
+    best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
+    final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
+    assert all(torch.equal(best[k], final[k]) for k in best)
+    assert (out / artifacts.SID_VOCAB).read_text() == vocab_path.read_text()
+    assert json.dumps(metrics)  # JSON-serialisable
+
+
+def test_sft_rejects_items_without_sids(tmp_path):
+    model_dir, vocab_path = build_sid_model(tmp_path)
+    train = pl.DataFrame({"user_idx": [0], "sequence": [[1, 2, 99]]})
+    with pytest.raises(Exception, match="99"):
+        sft.run(TrainConfig(device="cpu", max_steps=1), model_dir, vocab_path, CODES, train, None, tmp_path / "o")
