@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -145,8 +146,24 @@ def _left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Ten
     return ids.to(device), mask.to(device), pos.to(device)
 
 
+def _log_probs(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """log_softmax over the full vocab, or over ``rows`` only (models trained with --sid-softmax)."""
+    logits = logits.float()
+    if rows is None:
+        return torch.log_softmax(logits, dim=-1)
+    out = torch.full_like(logits, -math.inf)
+    out[:, rows] = torch.log_softmax(logits[:, rows], dim=-1)
+    return out
+
+
 def _decode_batch(
-    model: torch.nn.Module, prompts: list[list[int]], trie: SidTrie, beams: int, cache_kw: str, keep_kw: bool
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    trie: SidTrie,
+    beams: int,
+    cache_kw: str,
+    keep_kw: bool,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf."""
     device = trie._leaf_item.device
@@ -155,7 +172,7 @@ def _decode_batch(
     cache = DynamicCache(config=model.config)
     extra = {"logits_to_keep": 1} if keep_kw else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
-    logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    logp = _log_probs(out.logits[:, -1], rows)
     del out
     # one live beam per user at the start so the first step yields distinct beams (as HF does)
     score = torch.full((b, beams), -math.inf, device=device)
@@ -187,7 +204,7 @@ def _decode_batch(
             use_cache=True,
             **{cache_kw: cache},
         )
-        logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        logp = _log_probs(out.logits[:, -1], rows)
         del out
         row = torch.arange(b * beams, device=device)
     items = trie.item_of_leaf(nodes).reshape(b, beams)
@@ -212,13 +229,15 @@ def constrained_beam_search(
     batch_size: int = 32,
     device: torch.device | str | None = None,
     progress: Progress = SILENT,
+    softmax_rows: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
     Runs exactly D = trie.depth steps whether or not the vocab has an EOS (an SID has a fixed length,
     so EOS is never scored). ``device`` is where ``model`` already lives (default: its parameters'
     device); the trie is moved there. Scores are sums of full-vocab log-probabilities
-    of the chosen tokens. Returns (items [U, top_k] int64, -1 where fewer than top_k items were
+    of the chosen tokens (over ``softmax_rows`` only when given: for models trained with a
+    SID-restricted softmax, whose base-token logits are untrained). Returns (items [U, top_k] int64, -1 where fewer than top_k items were
     reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index.
     """
     if not 1 <= top_k <= beams:
@@ -235,6 +254,7 @@ def constrained_beam_search(
     model.eval()
     trie.to(device)
     cache_kw = _cache_kwarg(model)
+    rows = None if softmax_rows is None else torch.as_tensor(list(softmax_rows), dtype=torch.int64, device=device)
     keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
     n = len(prompts)
     items = np.full((n, top_k), -1, dtype=np.int64)
@@ -244,7 +264,9 @@ def constrained_beam_search(
     with torch.inference_mode(), progress.track("decode", n) as advance:
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            batch_items, batch_scores = _decode_batch(model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw)
+            batch_items, batch_scores = _decode_batch(
+                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows
+            )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
             items[idx] = batch_items.cpu().numpy()
             scores[idx] = batch_scores.cpu().numpy()

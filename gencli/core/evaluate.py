@@ -98,6 +98,7 @@ def evaluate_model(
     groups: np.ndarray | None = None,
     device: torch.device | None = None,
     progress: Progress = SILENT,
+    softmax_rows: Sequence[int] | None = None,
 ) -> dict:
     """Decode ``prompts`` with an in-memory model and score against ``targets`` (also used during training).
 
@@ -105,7 +106,8 @@ def evaluate_model(
     """
     started = time.perf_counter()
     items, scores = constrained_beam_search(
-        model, prompts, trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device, progress=progress
+        model, prompts, trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device, progress=progress,
+        softmax_rows=softmax_rows,
     )
     seconds = time.perf_counter() - started
     ranks = rank_of_target(items, np.asarray(targets))
@@ -166,7 +168,8 @@ def run(
     device = resolve_device(cfg.device)
     model = _load_model(model_dir, device, resolve_dtype(cfg.dtype, device), trie.vocab_bound)
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
-    result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress)
+    result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
+                            softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

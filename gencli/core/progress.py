@@ -7,8 +7,10 @@ advance the returned handle; the CLI passes a rich bar on a terminal and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
-from typing import Callable, ContextManager, Iterator, Protocol
+from typing import Protocol
 
 Advance = Callable[[int], None]
 

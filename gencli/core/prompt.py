@@ -33,6 +33,13 @@ class SidVocab:
     eos_id: int | None
     pad_id: int
     base_vocab_size: int
+    softmax: str = "full"
+    """"sid" when the model was trained with --sid-softmax: decoding then normalises over SID rows only."""
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Every SID token id, all levels."""
+        return [t for level in self.token_ids for t in level]
 
     @property
     def depth(self) -> int:
@@ -71,6 +78,7 @@ def load_sid_vocab(path: Path | str) -> SidVocab:
         eos_id=raw["eos_id"],
         pad_id=int(raw["pad_id"]),
         base_vocab_size=int(raw["base_vocab_size"]),
+        softmax="sid" if raw.get("softmax") == "sid" else "full",
     )
 
 

@@ -20,7 +20,7 @@ and becomes ``model/``.
 
 from __future__ import annotations
 
-import shutil
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,11 +100,14 @@ class RecallEvaluator:
         self.targets = rows["target"].to_numpy().astype(np.int64)
         self.trie = SidTrie(item_tokens)
         self.cfg, self.device = cfg, device
+        # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
+        self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         beams = self.cfg.eval_beams
         items, _ = constrained_beam_search(model, self.prompts, self.trie, beams=beams, top_k=beams,
-                                           batch_size=self.cfg.batch_size, device=self.device)
+                                           batch_size=self.cfg.batch_size, device=self.device,
+                                           softmax_rows=self.softmax_rows)
         ranks = rank_of_target(items, self.targets)
         metrics = {f"recall@{k}": recall_at_k(ranks, k) for k in (5, 10, 20) if k <= beams}
         return {**metrics, "users": len(self.targets)}
@@ -174,7 +177,9 @@ def run(
         progress=progress,
         resume=resume,
     )
-    shutil.copyfile(vocab_path, out_dir / artifacts.SID_VOCAB)
+    vocab_record = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
+    vocab_record["softmax"] = "sid" if cfg.sid_softmax else "full"
+    (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(vocab_record, indent=2) + "\n", encoding="utf-8")
     curve: Sequence[dict] = summary.pop("evals")
     return {
         "task": "sft",

@@ -170,3 +170,23 @@ def test_argument_errors():
         constrained_beam_search(model, [[]], SidTrie(sids), beams=2, top_k=2)
     with pytest.raises(ValueError, match="model has 48 logits"):
         constrained_beam_search(model, [[1]], SidTrie(np.array([[60, 61]])), beams=2, top_k=2)
+
+
+def test_sid_softmax_rows_normalise_over_sid_tokens_only():
+    """With softmax_rows, scores are sums of log-probs renormalised over the SID rows (exhaustive beam)."""
+    levels = (5, 5, 2)
+    model, sids = tiny_model(levels, seed=3), random_catalog(levels, 40, seed=4)
+    rows = list(range(BASE, BASE + sum(levels)))
+    prompts = random_prompts(3, model.config.vocab_size, seed=5)
+    items, scores = constrained_beam_search(model, prompts, SidTrie(sids), beams=len(sids), top_k=5, softmax_rows=rows)
+    for u, prompt in enumerate(prompts):
+        seqs = torch.tensor([prompt + s for s in sids.tolist()])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=seqs).logits.float()[..., rows], dim=-1)
+        start = len(prompt) - 1
+        picked = logp[:, start : start + sids.shape[1]].gather(2, seqs[:, len(prompt) :, None] - BASE)[..., 0]
+        exact = picked.sum(dim=1).numpy()
+        best = np.lexsort((np.arange(len(sids)), -exact))[:5]
+        assert items[u].tolist() == best.tolist()
+        np.testing.assert_allclose(scores[u], exact[best], atol=1e-4)
+        assert (scores[u] > teacher_forced_scores(model, prompt, sids)[best]).all()  # SID-only mass is larger

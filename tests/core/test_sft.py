@@ -134,7 +134,9 @@ def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
     assert all(torch.equal(best[k], final[k]) for k in best)
-    assert (out / artifacts.SID_VOCAB).read_text() == vocab_path.read_text()
+    written = json.loads((out / artifacts.SID_VOCAB).read_text())
+    assert written.pop("softmax") == ("sid" if cfg.sid_softmax else "full")
+    assert written == json.loads(vocab_path.read_text())
     assert json.dumps(metrics)  # JSON-serialisable
 
 
