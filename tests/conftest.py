@@ -40,3 +40,21 @@ def invoke(runner, tmp_path):
 
     _invoke.workdir = workdir
     return _invoke
+
+
+@pytest.fixture(scope="session")
+def embedded_workdir(tmp_path_factory) -> Path:
+    """A workdir with ingest + embed done on the sample data (embedding is the slow part: once per session).
+
+    Tests copy it (shutil.copytree) before changing anything.
+    """
+    from click.testing import CliRunner
+
+    from gencli.cli import cli
+
+    wd = tmp_path_factory.mktemp("embedded") / "work"
+    for args in (["ingest", "--items", str(SAMPLE / "items.csv"), "--interactions", str(SAMPLE / "interactions.csv")],
+                 ["embed"]):
+        result = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
+        assert result.exit_code == 0, result.output
+    return wd

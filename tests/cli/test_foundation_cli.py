@@ -23,19 +23,14 @@ def _run(workdir, *args):
 
 
 @pytest.fixture(scope="module")
-def foundation(tmp_path_factory):
-    """One workdir with ingest + embed + quantize done (embedding is the slow part: do it once)."""
+def foundation(embedded_workdir, tmp_path_factory):
+    """ingest + embed (shared) then quantize with the headline command, in a private copy."""
     root = tmp_path_factory.mktemp("foundation")
-    data = root / "data"
-    shutil.copytree(SAMPLE, data)
     wd = root / "work"
-    r, p = _run(wd, "ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv"))
-    assert r.exit_code == 0, r.output
-    r, p = _run(wd, "embed")
-    assert r.exit_code == 0, r.output
+    shutil.copytree(embedded_workdir, wd)
     r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256")
     assert r.exit_code == 0, r.output
-    return root, data, wd, p
+    return root, SAMPLE, wd, p
 
 
 def test_quantize_headline_command_gives_unique_sids(foundation):
@@ -83,24 +78,28 @@ def test_rerun_is_up_to_date_and_status_reports(foundation):
 
 
 def test_changed_items_make_quantize_stale_then_rerun(foundation, tmp_path):
-    root, data, wd0, _ = foundation
+    _, _, wd0, _ = foundation
+    data = tmp_path / "data"
+    shutil.copytree(SAMPLE, data)
     wd = tmp_path / "work"
-    shutil.copytree(wd0, wd)
-    # the copied manifest still points at root/data: edit a title there
+    for args in (["ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv")],
+                 ["embed"], ["quantize", "--levels", "2", "--codes", "16"]):
+        r, p = _run(wd, *args)
+        assert r.exit_code == 0, r.output
     items = data / "items.csv"
-    original = items.read_text()
-    try:
-        items.write_text(original.replace("The Broken Threshold", "The Mended Threshold", 1))
-        r, p = _run(wd, "status")
-        states = {s["step"]: s["state"] for s in p["steps"]}
-        assert states["ingest"] == states["embed"] == states["quantize"] == "stale"
-        r, p = _run(wd, "ingest", "--items", str(items), "--interactions", str(data / "interactions.csv"))
-        assert p["status"] == "done"
-        r, p = _run(wd, "status")
-        states = {s["step"]: s["state"] for s in p["steps"]}
-        assert states["ingest"] == "done" and states["embed"] == states["quantize"] == "stale"
-    finally:
-        items.write_text(original)
+    items.write_text(items.read_text().replace("The Broken Threshold", "The Mended Threshold", 1))
+    r, p = _run(wd, "status")
+    states = {s["step"]: s["state"] for s in p["steps"]}
+    assert states["ingest"] == states["embed"] == states["quantize"] == "stale"
+    r, p = _run(wd, "ingest", "--items", str(items), "--interactions", str(data / "interactions.csv"))
+    assert p["status"] == "done"
+    r, p = _run(wd, "status")
+    states = {s["step"]: s["state"] for s in p["steps"]}
+    assert states["ingest"] == "done" and states["embed"] == states["quantize"] == "stale"
+    r, p = _run(wd, "embed")
+    assert p["status"] == "done"
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16")
+    assert p["status"] == "done"  # stale input -> reran instead of "up to date"
 
 
 def test_quantize_too_many_codes_is_exit_2_and_writes_nothing(foundation, tmp_path):

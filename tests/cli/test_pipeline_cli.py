@@ -1,0 +1,153 @@
+"""The whole pipeline through `gencli run`, and resuming a killed sft."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+
+PIPELINE = f"""
+steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval"]
+[ingest]
+items = "{SAMPLE / 'items.csv'}"
+interactions = "{SAMPLE / 'interactions.csv'}"
+[quantize]
+levels = 3
+codes = 16
+[init-vocab]
+model = "tiny"
+init = "centroid"
+[cpt]
+max-steps = 6
+batch-size = 16
+[sft]
+max-steps = 12
+batch-size = 16
+eval-every = 6
+eval-users = 20
+eval-beams = 5
+max-history = 5
+[eval]
+beams = 5
+k = "1,5"
+max-users = 40
+max-history = 5
+[cold-eval]
+max-train-count = 1
+beams = 5
+k = "1,5"
+max-history = 5
+"""
+
+
+def _json(result):
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def piped(embedded_workdir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe")
+    wd = root / "work"
+    shutil.copytree(embedded_workdir, wd)
+    config = root / "pipeline.toml"
+    config.write_text(PIPELINE)
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
+    assert result.exit_code == 0, result.output
+    return root, wd, config, _json(result)
+
+
+def test_run_trains_and_evaluates_end_to_end(piped):
+    _, wd, _, summary = piped
+    assert [s["step"] for s in summary["steps"]] == ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval",
+                                                    "cold-eval"]
+    ev = summary["results"]["eval"]
+    assert ev["model_step"] == "sft" and ev["overall"]["users"] == 40
+    assert 0 <= ev["overall"]["recall@1"] <= ev["overall"]["recall@5"] <= 1
+    cold = summary["results"]["cold-eval"]
+    assert cold["cohort_size"] == cold["overall"]["users"] > 0
+    sft = json.loads((wd / "sft" / "step.json").read_text())
+    assert sft["metrics"]["started_from"] == "cpt" and sft["metrics"]["steps"] == 12
+    assert (wd / "sft" / "model" / "config.json").exists() and (wd / "sft" / "metrics.jsonl").exists()
+
+
+def test_rerun_skips_everything(piped):
+    _, wd, config, _ = piped
+    manifest = (wd / "manifest.json").read_bytes()
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
+    assert result.exit_code == 0
+    statuses = [json.loads(line)["status"] for line in result.stdout.strip().splitlines()[:-1]]
+    assert statuses == ["up-to-date"] * 8
+    assert (wd / "manifest.json").read_bytes() == manifest
+
+
+def test_override_reruns_from_the_changed_step(piped, tmp_path):
+    _, wd0, config, _ = piped
+    wd = tmp_path / "work"
+    shutil.copytree(wd0, wd)
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json", "--init", "mean",
+                                      "--set", "sft.max-steps=6"])
+    assert result.exit_code == 0, result.output
+    statuses = [json.loads(line)["status"] for line in result.stdout.strip().splitlines()[:-1]]
+    assert statuses == ["up-to-date"] * 3 + ["done"] * 5
+    assert json.loads((wd / "init-vocab" / "step.json").read_text())["params"]["init"] == "mean"
+
+
+def test_bad_pipeline_config_is_exit_2(tmp_path):
+    config = tmp_path / "p.toml"
+    config.write_text('steps = ["ingest", "embedd"]\n[quantise]\nlevels = 3\n')
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(tmp_path / "w"), "--json"])
+    assert result.exit_code == 2
+    error = _json(result)["error"]
+    assert "embedd" in error and "quantise" in error
+
+
+def _sft_args(wd: Path) -> list[str]:
+    return ["sft", "--workdir", str(wd), "--json", "--max-steps", "16", "--save-every", "2", "--batch-size", "16",
+            "--eval-every", "8", "--eval-users", "20", "--eval-beams", "5", "--max-history", "5", "--device", "cpu"]
+
+
+def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
+    """SIGKILL an sft mid-run, --resume it, and get exactly the metrics of an uninterrupted run."""
+    _, wd0, _, _ = piped
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    for wd in (straight, killed):
+        shutil.copytree(wd0, wd)
+    env = {**os.environ, "CI": "1"}
+    ok = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(straight), "--force"], capture_output=True,
+                        text=True, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    expected = json.loads(ok.stdout.strip().splitlines()[-1])["metrics"]
+
+    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_sft_args(killed), "--force"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = killed / ".staging" / "sft" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.exists() and any(p.name.startswith("step-") and int(p.name[5:]) >= 6 for p in ckpts.iterdir()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "sft finished before it could be killed; make the run longer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    status = CliRunner().invoke(cli, ["status", "--workdir", str(killed), "--json"])
+    assert _json(status)["steps"][5]["state"] in ("done", "stale")  # the earlier finished sft is still there
+
+    resumed = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(killed), "--resume"], capture_output=True,
+                             text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    got = json.loads(resumed.stdout.strip().splitlines()[-1])["metrics"]
+    assert got["resumed_from_step"] >= 6
+    for key in ("train_loss", "final_recall@5", "peak_recall@5", "peak_step", "valid_curve", "steps"):
+        assert got[key] == expected[key], key

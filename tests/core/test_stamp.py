@@ -1,0 +1,186 @@
+"""STAMP: SAP keeps floor(alpha*N) tokens in order with the protected window and original positions,
+the recomputed attention equals eager attention, MAP with weight 0 trains bit-identically to base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from gencli.config import TrainConfig
+from gencli.core import stamp
+from gencli.core.engine import IGNORE_INDEX, TokenLoss, make_loss
+
+SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=64, max_position_embeddings=128, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(family: str, attn: str = "sdpa"):
+    torch.manual_seed(0)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=8))
+    elif family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**SMALL))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**SMALL))
+    model.config._attn_implementation = attn
+    return model.eval()
+
+
+def padded_batch(lengths=(20, 13, 7), seed=0):
+    """Right-padded ids/mask and targets on the last 3 real positions (like an sft example's SID)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    targets = torch.full_like(ids, IGNORE_INDEX)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(1, 64, (n,), generator=g)
+        mask[row, :n] = 1
+        targets[row, n - 4:n - 1] = ids[row, n - 3:n]
+    return ids, mask, targets
+
+
+def test_select_keeps_floor_alpha_n_in_order_with_the_window():
+    torch.manual_seed(1)
+    ids, mask, targets = padded_batch((20, 13, 7))
+    valid = mask.bool()
+    scores = torch.rand(ids.shape)
+    protected = stamp.protected_positions(targets, valid, recent_window=4)
+    for alpha in (0.3, 0.5, 0.7, 1.0):
+        index, slot_ok = stamp.select_tokens(scores, valid, protected, alpha)
+        for row, n in enumerate((20, 13, 7)):
+            kept = index[row][slot_ok[row]].tolist()
+            assert len(kept) == max(int(alpha * n), 4)  # floor(alpha * N), never fewer than the window
+            assert kept == sorted(kept) and len(set(kept)) == len(kept)
+            assert set(range(n - 4, n)) <= set(kept)  # the protected window survives
+            assert max(kept) < n  # padding is never kept
+            others = [i for i in range(n - 4) if i not in kept]
+            best_dropped = max((float(scores[row, i]) for i in others), default=-1.0)
+            assert all(float(scores[row, i]) >= best_dropped for i in kept if i < n - 4)
+    # the row with 20 tokens and alpha 0.5 keeps exactly 10
+    index, slot_ok = stamp.select_tokens(scores, valid, protected, 0.5)
+    assert slot_ok.sum(dim=1).tolist() == [10, 6, 4]
+
+
+def test_minmax_ignores_padding_and_importance_is_the_product():
+    x = torch.tensor([[1.0, 3.0, 2.0, 100.0]])
+    valid = torch.tensor([[True, True, True, False]])
+    assert stamp.minmax(x, valid).tolist() == [[0.0, 1.0, 0.5, 0.0]]
+    assert stamp.minmax(torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_keep_ratio_one_reproduces_the_unpruned_logits(family):
+    model = tiny(family)
+    ids, mask, targets = padded_batch()
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask).logits
+        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=1.0))
+        logits = model.lm_head(pruned.hidden)
+    assert torch.equal(pruned.index[pruned.valid], torch.arange(ids.shape[1]).expand_as(ids)[mask.bool()])
+    torch.testing.assert_close(logits[pruned.valid], reference[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_later_layers_see_the_original_position_ids():
+    model = tiny("qwen3")
+    ids, mask, targets = padded_batch()
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen["position_ids"] = kwargs["position_ids"]
+        seen["cos"] = kwargs["position_embeddings"][0]
+
+    handle = model.model.layers[2].register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=2, keep_ratio=0.5,
+                                                                                    recent_window=4))
+    handle.remove()
+    assert torch.equal(seen["position_ids"], pruned.index)
+    assert pruned.index[0][pruned.valid[0]].tolist() != list(range(int(pruned.valid[0].sum())))  # some were dropped
+    full = torch.arange(ids.shape[1])[None, :]
+    cos_full = model.model.rotary_emb(torch.zeros(1, 1, 32), position_ids=full)[0][0]
+    torch.testing.assert_close(seen["cos"], cos_full[pruned.index])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
+def test_recomputed_attention_equals_eager_attention(family):
+    model = tiny(family, attn="eager")
+    ids, mask, _ = padded_batch()
+    layer_idx = 1
+    inputs = {}
+    handle = model.model.layers[layer_idx].register_forward_pre_hook(
+        lambda m, args, kwargs: inputs.update(hidden=args[0] if args else kwargs["hidden_states"],
+                                              rope=kwargs["position_embeddings"]), with_kwargs=True)
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[layer_idx]
+        probs = stamp.attention_probs(model.model.layers[layer_idx], inputs["hidden"], inputs["rope"], mask.bool())
+    handle.remove()
+    real = mask.bool()
+    for row in range(ids.shape[0]):  # padded query rows are never used (and eager fills them differently)
+        n = int(real[row].sum())
+        torch.testing.assert_close(probs[row, :, :n, :], eager[row, :, :n, :], rtol=1e-5, atol=1e-6)
+
+
+def _train(model, loss_fn, steps=3):
+    ids, mask, targets = padded_batch()
+    batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss_fn(model, batch).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+
+
+def test_map_with_weight_zero_trains_bit_identically():
+    base = _train(tiny("qwen3"), TokenLoss())
+    mtp = _train(tiny("qwen3"), make_loss(TrainConfig(map=True, mtp_weight=0.0)))
+    for (name, a), (_, b) in zip(base.named_parameters(), mtp.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    moved = _train(tiny("qwen3"), make_loss(TrainConfig(map=True, mtp_weight=0.5)))
+    assert not torch.equal(moved.lm_head.weight, base.lm_head.weight)
+
+
+def test_map_loss_is_main_plus_weighted_foresight_cross_entropy():
+    model = tiny("llama")
+    ids, mask, targets = padded_batch()
+    batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    with torch.no_grad():
+        got = make_loss(TrainConfig(map=True, mtp_lambda=0.3, mtp_weight=0.5))(model, batch)
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        main = TokenLoss()(model, batch)
+        nxt = stamp.next_targets(targets)
+        both = (targets != IGNORE_INDEX) & (nxt != IGNORE_INDEX)
+        fused = 0.7 * hidden[both] + 0.3 * model.model.norm(model.model.embed_tokens(targets[both]))
+        aux = torch.nn.functional.cross_entropy(model.lm_head(fused), nxt[both], reduction="sum")
+    assert int(both.sum()) == 6  # 2 foresight positions per 3-token target
+    torch.testing.assert_close(got, main + 0.5 * aux)
+
+
+@pytest.mark.parametrize("sid_rows", [None, list(range(32, 64))])
+def test_stamp_loss_trains_with_and_without_sid_softmax(sid_rows):
+    model = tiny("qwen3")
+    ids, mask, targets = padded_batch()
+    targets = torch.where(targets != IGNORE_INDEX, targets % 32 + 32, targets)  # SID-like targets
+    batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    cfg = TrainConfig(sap=True, map=True, stamp_layer=1, keep_ratio=0.5, recent_window=4)
+    loss = make_loss(cfg, sid_rows)(model, batch)
+    loss.backward()
+    assert torch.isfinite(loss) and model.model.layers[2].mlp.up_proj.weight.grad.abs().sum() > 0
+
+
+def test_stamp_layer_must_leave_layers_to_prune():
+    model = tiny("qwen3")
+    ids, mask, targets = padded_batch()
+    with pytest.raises(Exception, match="--stamp-layer must be in \\[1, 2\\]"):
+        stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=3))
