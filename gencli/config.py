@@ -209,8 +209,8 @@ class EvalConfig:
     """Cut-offs for Recall@K and NDCG@K; max(k) <= beams."""
     batch_size: int = 32
     """Users decoded together."""
-    max_history: int = 20
-    """Items of history in the prompt (the last ones)."""
+    max_history: int = 0
+    """Items of history in the prompt (the last ones); 0 = what the model was fine-tuned with (sft), else 20."""
     max_users: int = 0
     """Evaluate a seeded subsample of users (0 = all)."""
     cold_max_train_count: int = -1
@@ -227,7 +227,7 @@ class EvalConfig:
         c.require(len(self.k) > 0 and all(x > 0 for x in self.k), "--k must list positive cut-offs, e.g. 5,10,20")
         c.require(not self.k or max(self.k) <= self.beams, f"--k max ({max(self.k) if self.k else 0}) must be <= --beams ({self.beams})")
         c.positive("batch-size", self.batch_size)
-        c.positive("max-history", self.max_history)
+        c.positive("max-history", self.max_history, allow_zero=True)
         c.positive("max-users", self.max_users, allow_zero=True)
         c.choice("device", self.device, DEVICES)
         c.choice("dtype", self.dtype, DTYPES)
@@ -277,12 +277,31 @@ class TrainConfig:
     log_every: int = 10
     """Write a train line (mean loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps."""
     keep_checkpoints: int = 2
+    sap: bool = False
+    """STAMP SAP: prune low-importance tokens after layer stamp_layer (training only; --stamp = sap + map)."""
+    map: bool = False
+    """STAMP MAP: auxiliary next-next-token loss through the shared LM head (training only)."""
+    stamp_layer: int = 2
+    """SAP: decoder layers that see every token; the last of them scores the tokens (1-based, < layers)."""
+    keep_ratio: float = 0.5
+    """SAP: fraction alpha of each sequence's tokens kept, floor(alpha * N)."""
+    recent_window: int = 16
+    """SAP: the last W tokens are always kept (target + prompt suffix; labelled positions always are)."""
+    mtp_lambda: float = 0.3
+    """MAP: fusion h_mtp = (1 - lambda) * h_t + lambda * RMSNorm(E(y_t+1))."""
+    mtp_weight: float = 0.5
+    """MAP: loss = main + weight * auxiliary."""
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
         c = _Checks(self.task)
+        c.require(self.stamp_layer >= 1, f"--stamp-layer must be >= 1 (got {self.stamp_layer})")
+        c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
+        c.positive("recent-window", self.recent_window, allow_zero=True)
+        c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
+        c.positive("mtp-weight", self.mtp_weight, allow_zero=True)
         c.choice("task", self.task, ("sft", "cpt"))
         c.choice("from", self.start_from, ("auto", "init-vocab", "cpt"))
         c.choice("schedule", self.schedule, ("cosine", "linear"))
@@ -305,6 +324,38 @@ class TrainConfig:
         c.positive("keep-checkpoints", self.keep_checkpoints)
         c.choice("device", self.device, DEVICES)
         c.choice("dtype", self.dtype, DTYPES)
+        c.done()
+
+
+PROFILE_VARIANTS = ("base", "sap", "map", "stamp")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Options of ``gencli profile`` (training-step profiling of STAMP variants)."""
+
+    variants: tuple[str, ...] = PROFILE_VARIANTS
+    """Which of base, sap, map, stamp to run (base first is what speedups are measured against)."""
+    steps: int = 5
+    """Timed optimizer steps per variant."""
+    warmup_steps: int = 1
+    """Untimed steps first (allocator, optimizer state, kernels)."""
+    model_step: str = "auto"
+    """Whose model to train: sft, cpt, init-vocab, or auto (latest trained). Never modified."""
+    detail: bool = False
+    """Also record the top operators of one step with torch.profiler."""
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        c = _Checks("profile")
+        c.require(len(self.variants) > 0, "--variants must list at least one of " + ", ".join(PROFILE_VARIANTS))
+        bad = [v for v in self.variants if v not in PROFILE_VARIANTS]
+        c.require(not bad, f"--variants: unknown {', '.join(bad)}; choose from {', '.join(PROFILE_VARIANTS)}")
+        c.require(len(set(self.variants)) == len(self.variants), "--variants lists a variant twice")
+        c.positive("steps", self.steps)
+        c.positive("warmup-steps", self.warmup_steps, allow_zero=True)
+        c.choice("model-step", self.model_step, ("auto", "sft", "cpt", "init-vocab"))
+        c.choice("device", self.device, DEVICES)
         c.done()
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import click
 
+import dataclasses
+
 from gencli.cli.common import build_config, execute, step_options
+
+DEFAULT_HISTORY = 20
 
 
 def _eval_options(f):
@@ -15,7 +19,8 @@ def _eval_options(f):
         click.option("--beams", type=int, default=20, show_default=True),
         click.option("--k", "ks", default="5,10,20", show_default=True, help="Cut-offs for Recall@K / NDCG@K."),
         click.option("--batch-size", type=int, default=32, show_default=True, help="Users decoded together."),
-        click.option("--max-history", type=int, default=20, show_default=True, help="History items in the prompt."),
+        click.option("--max-history", type=int, default=0, show_default=True,
+                     help="History items in the prompt (0 = as in sft training, else 20)."),
         click.option("--max-users", type=int, default=0, show_default=True, help="Seeded user subsample (0 = all)."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
@@ -55,12 +60,20 @@ def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_his
             cohort = counts[split_df["target"].to_numpy()] <= cold
         model_dir, vocab_path = model_artifacts(ws, chosen["step"], step)
         codes, _ = item_codes(ws, step)
-        metrics = evaluate.run(cfg, model_dir, load_sid_vocab(vocab_path), codes, split_df,
+        max_history = cfg.max_history or _trained_history(ws, chosen["step"])
+        metrics = evaluate.run(dataclasses.replace(cfg, max_history=max_history), model_dir, load_sid_vocab(vocab_path), codes, split_df,
                                data.popularity_buckets(counts), cohort, run.out_dir, progress)
         blocks = metrics.pop("metrics")  # overall/head/torso/tail at the top level: status and run show them
-        return {"model_step": chosen["step"], **metrics, **blocks}
+        return {"model_step": chosen["step"], "max_history": max_history, **metrics, **blocks}
 
     execute(step=step, cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body)
+
+
+def _trained_history(ws, model_step: str) -> int:
+    """The prompt length sft trained with, so eval sees prompts like the ones the model learnt from."""
+    if model_step == "sft":
+        return int(ws.step_record("sft")["params"].get("max_history", DEFAULT_HISTORY))
+    return DEFAULT_HISTORY
 
 
 @click.command("eval")

@@ -159,24 +159,11 @@ def _print_results(workdir: Path | None, summary: list[dict], seconds: float, js
 
         emit_json({"status": "done", "seconds": round(seconds, 2), "steps": summary, "results": results})
         return
-    from rich.table import Table
-
-    from gencli.ui.output import console
+    from gencli.ui.output import console, ranking_blocks, results_table
 
     c = console()
     c.print(f"\n[bold green]pipeline finished[/bold green] in {seconds:.1f}s (workdir {ws.root})")
-    if not results:
-        return
-    table = Table(title="results")
-    table.add_column("split / cohort")
-    table.add_column("users", justify="right")
-    cols = sorted({k for r in results.values() for k in r.get("overall", {}) if "@" in k},
-                  key=lambda k: (k.split("@")[0], int(k.split("@")[1])))
-    for col in cols:
-        table.add_column(col, justify="right")
-    for step, metrics in results.items():
-        for group, block in metrics.items():
-            if isinstance(block, dict) and "users" in block:
-                label = f"{step} {group}"
-                table.add_row(label, str(block["users"]), *[f"{block.get(k, float('nan')):.4f}" for k in cols])
-    c.print(table)
+    rows = {f"{step} {group}": block for step, metrics in results.items()
+            for group, block in ranking_blocks(metrics).items()}
+    if rows:
+        c.print(results_table("results", rows))

@@ -45,6 +45,27 @@ def metrics_table(title: str, metrics: dict[str, Any], limit: int = 40):
     return table
 
 
+def ranking_blocks(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The overall/head/torso/tail blocks of an eval step's metrics (dicts with a 'users' count)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, dict) and "users" in v}
+
+
+def results_table(title: str, rows: dict[str, dict[str, Any]]):
+    """One row per cohort/bucket, one column per metric (recall@K, then ndcg@K, by K)."""
+    from rich.table import Table
+
+    cols = sorted({k for block in rows.values() for k in block if "@" in k},
+                  key=lambda k: (not k.startswith("recall"), int(k.split("@")[1])))
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("users", justify="right")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for label, block in rows.items():
+        table.add_row(label, _fmt(block.get("users", "")), *[f"{block[k]:.4f}" if k in block else "" for k in cols])
+    return table
+
+
 def console(stderr: bool = False):
     from rich.console import Console
 
@@ -57,7 +78,12 @@ def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: 
         c.print(f"[green]✓[/green] {step} is up to date ({folder}); use --force to rerun")
         return
     c.print(f"[green]✓[/green] {step} done in {seconds:.1f}s → {folder}")
-    if metrics:
+    blocks = ranking_blocks(metrics)
+    if blocks:
+        rest = {k: v for k, v in metrics.items() if k not in blocks}
+        c.print(metrics_table(step, rest))
+        c.print(results_table(f"{step}: Recall@K / NDCG@K", blocks))
+    elif metrics:
         c.print(metrics_table(step, metrics))
 
 

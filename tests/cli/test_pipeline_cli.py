@@ -43,7 +43,6 @@ max-history = 5
 beams = 5
 k = "1,5"
 max-users = 40
-max-history = 5
 [cold-eval]
 max-train-count = 1
 beams = 5
@@ -74,6 +73,7 @@ def test_run_trains_and_evaluates_end_to_end(piped):
                                                     "cold-eval"]
     ev = summary["results"]["eval"]
     assert ev["model_step"] == "sft" and ev["overall"]["users"] == 40
+    assert ev["max_history"] == 5  # eval prompts default to the history length sft trained with
     assert 0 <= ev["overall"]["recall@1"] <= ev["overall"]["recall@5"] <= 1
     cold = summary["results"]["cold-eval"]
     assert cold["cohort_size"] == cold["overall"]["users"] > 0
