@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("evaluate", "eval_cmd"),
     "cold-eval": ("evaluate", "cold_eval"),
     "run": ("pipeline", "run"),
+    "profile": ("profile", "profile"),
     "status": ("status", "status"),
     "models": ("models", "models"),
 }

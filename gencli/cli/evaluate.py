@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import click
-
 import dataclasses
+
+import click
 
 from gencli.cli.common import build_config, execute, step_options
 

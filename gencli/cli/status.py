@@ -16,6 +16,7 @@ KEY_METRICS = {
     "sft": ("steps", "peak_step", "best_recall@5", "tokens_per_s"),
     "eval": ("overall.recall@5", "overall.ndcg@5", "overall.recall@10", "overall.users"),
     "cold-eval": ("cohort_size", "overall.recall@5", "overall.ndcg@5"),
+    "profile": ("reference", "steps", "device"),
 }
 
 

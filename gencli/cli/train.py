@@ -26,6 +26,19 @@ def _train_options(f):
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True),
         click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint."),
+        click.option("--stamp", is_flag=True, help="STAMP: --sap and --map together (training-time only)."),
+        click.option("--sap", is_flag=True, help="Prune low-importance tokens after --stamp-layer (faster, less memory)."),
+        click.option("--map", "map_", is_flag=True, help="Auxiliary next-next-token loss through the shared head."),
+        click.option("--stamp-layer", type=int, default=2, show_default=True,
+                     help="SAP: decoder layers that see every token; the last one scores them."),
+        click.option("--keep-ratio", type=float, default=0.5, show_default=True,
+                     help="SAP: fraction of each sequence's tokens kept, floor(ratio * N)."),
+        click.option("--recent-window", type=int, default=16, show_default=True,
+                     help="SAP: the last N tokens (target + prompt suffix) are always kept."),
+        click.option("--mtp-lambda", type=float, default=0.3, show_default=True,
+                     help="MAP: h = (1 - lambda) h_t + lambda RMSNorm(E(y_t+1))."),
+        click.option("--mtp-weight", type=float, default=0.1, show_default=True,
+                     help="MAP: loss = main + weight * auxiliary."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -35,6 +48,8 @@ def _train_options(f):
 def _config(task: str, json_mode: bool, kwargs: dict):
     from gencli.config import TrainConfig
 
+    stamp, mtp = kwargs.pop("stamp"), kwargs.pop("map_")
+    kwargs["sap"], kwargs["map"] = kwargs["sap"] or stamp, mtp or stamp
     return build_config(TrainConfig, json_mode, task=task, **kwargs)
 
 

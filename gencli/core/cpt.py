@@ -30,7 +30,7 @@ from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.backbone import load_model
 from gencli.core.device import resolve_device
-from gencli.core.engine import IGNORE_INDEX, ListExamples, ProgressCallback, TokenLoss, fit
+from gencli.core.engine import IGNORE_INDEX, ListExamples, ProgressCallback, fit, make_loss
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import item_token_ids, load_sid_vocab
 from gencli.errors import InputError
@@ -137,7 +137,7 @@ def run(
         summary = fit(
             model, dataset, cfg, out_dir,
             pad_id=vocab.pad_id,
-            loss_fn=TokenLoss(),
+            loss_fn=make_loss(cfg),
             param_groups=[{"params": params, "weight_decay": 0.0}],
             callbacks=[ProgressCallback(progress, "cpt"), NewRowDecay(params, vocab.base_vocab_size, cfg.weight_decay)],
             tokenizer=tokenizer,

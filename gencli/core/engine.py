@@ -143,7 +143,10 @@ class TokenLoss:
         decoder = model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
         out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         keep = batch["targets"] != IGNORE_INDEX
-        hidden, y = out.last_hidden_state[keep], batch["targets"][keep]
+        return self.cross_entropy(model, out.last_hidden_state[keep], batch["targets"][keep])
+
+    def cross_entropy(self, model: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of the LM head on final hidden states [n, d] against targets [n]."""
         head = model.get_output_embeddings()
         weight, bias = head.weight, getattr(head, "bias", None)
         if self.rows is not None:
@@ -159,6 +162,48 @@ class TokenLoss:
 
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def make_loss(cfg: TrainConfig, rows: Sequence[int] | None = None) -> LossFn:
+    """The training loss ``cfg`` asks for: :class:`TokenLoss`, or the STAMP one (SAP pruning and/or the
+    MAP auxiliary loss, :mod:`gencli.core.stamp`) when ``cfg.sap`` / ``cfg.map`` is on."""
+    if not (cfg.sap or cfg.map):
+        return TokenLoss(rows)
+    from gencli.core.stamp import SapSettings, StampLoss  # stamp imports this module
+
+    sap = SapSettings(cfg.stamp_layer, cfg.keep_ratio, cfg.recent_window) if cfg.sap else None
+    return StampLoss(rows, sap=sap, mtp=cfg.map, mtp_lambda=cfg.mtp_lambda, mtp_weight=cfg.mtp_weight)
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    micro: Sequence[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    scaler: torch.amp.GradScaler,
+    device: torch.device,
+    amp_dtype: torch.dtype,
+    n_targets: int,
+    clock: Callable[[str], None] | None = None,
+) -> float:
+    """Accumulate the gradients of one optimizer step's micro-batches; returns the summed loss.
+
+    loss = sum over the step's target tokens / their count, whatever grad_accum is. ``clock(phase)``
+    (profiling) is called at the end of each phase: "data" (host to device), "forward", "backward".
+    """
+    step_loss = 0.0
+    for batch in micro:
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        if clock:
+            clock("data")
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+            ce = loss_fn(model, batch)
+        if clock:
+            clock("forward")
+        scaler.scale(ce / max(1, n_targets)).backward()
+        step_loss += float(ce.detach())
+        if clock:
+            clock("backward")
+    return step_loss
 
 
 def default_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -424,7 +469,7 @@ def fit(
     # weights stay float32 (the optimizer's master copy); bf16 only inside autocast ('auto' -> bf16 on CUDA)
     amp_dtype = resolve_dtype(cfg.dtype, device)
     model.to(device)
-    loss_fn = loss_fn or TokenLoss()
+    loss_fn = loss_fn or make_loss(cfg)
     groups = param_groups or default_param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -513,13 +558,7 @@ def fit(
         n_targets = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro)
         n_inputs = sum(int(b["attention_mask"].sum()) for b in micro)
         lr = optimizer.param_groups[0]["lr"]
-        step_loss = 0.0
-        for batch in micro:  # loss = sum over the step's target tokens / their count, whatever grad_accum is
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
-                ce = loss_fn(model, batch)
-            scaler.scale(ce / max(1, n_targets)).backward()
-            step_loss += float(ce.detach())
+        step_loss = forward_backward(model, micro, loss_fn, scaler, device, amp_dtype, n_targets)
         scaler.unscale_(optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf")))
         _fire(callbacks, "on_pre_optimizer_step", state, control, optimizer=optimizer)

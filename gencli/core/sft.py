@@ -34,7 +34,7 @@ from gencli.core import artifacts
 from gencli.core.backbone import load_model
 from gencli.core.decode import SidTrie, constrained_beam_search
 from gencli.core.device import resolve_device
-from gencli.core.engine import EarlyStopping, ProgressCallback, TokenLoss, fit
+from gencli.core.engine import EarlyStopping, ProgressCallback, fit, make_loss
 from gencli.core.metrics import rank_of_target, recall_at_k
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
@@ -169,7 +169,7 @@ def run(
     summary = fit(
         model, dataset, cfg, out_dir,
         pad_id=vocab.pad_id,
-        loss_fn=TokenLoss(sid_rows(vocab) if cfg.sid_softmax else None),
+        loss_fn=make_loss(cfg, sid_rows(vocab) if cfg.sid_softmax else None),
         evaluate=evaluate,
         metric=EVAL_METRIC,
         callbacks=callbacks,

@@ -43,8 +43,9 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "sft": ("ingest", "quantize"),  # + the model step it starts from (init-vocab or cpt)
     "eval": ("ingest", "quantize"),  # + the model step it evaluates
     "cold-eval": ("ingest", "quantize"),
+    "profile": ("ingest", "quantize"),  # + the model step it profiles (and sft, whose settings it uses)
 }
-STEP_ORDER = ("ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval")
+STEP_ORDER = ("ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval", "profile")
 
 
 def default_workdir() -> Path:

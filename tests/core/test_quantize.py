@@ -13,7 +13,7 @@ import torch
 from gencli.config import QuantizeConfig
 from gencli.core import artifacts
 from gencli.core import quantize as q
-from gencli.core.kmeans import kmeans_plusplus
+from gencli.core.kmeans import GRAM_MAX_ROWS, _sqdist_to_rows, kmeans_plusplus
 from gencli.errors import ArtifactError, InputError
 
 E = np.eye(3)
@@ -84,6 +84,19 @@ def test_kmeans_plusplus_and_residual_kmeans_are_deterministic():
     assert all(torch.equal(p, r) for p, r in zip(books1, books2, strict=True))
     # assigning the training items to their own codebooks gives back their codes
     assert torch.equal(q.assign(x.numpy(), books1, batch_size=64), codes1)
+
+
+def test_kmeans_plusplus_on_more_rows_than_the_gram_path():
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((GRAM_MAX_ROWS + 10, 4)).astype(np.float32))
+    sq = (x * x).sum(1)
+    a = kmeans_plusplus(x, 8, torch.Generator().manual_seed(0), sq)
+    assert torch.equal(a, kmeans_plusplus(x, 8, torch.Generator().manual_seed(0), sq))
+    rows = torch.tensor([3, 0, 7])
+    small = x[:100]
+    np.testing.assert_allclose(
+        _sqdist_to_rows(small, sq[:100], rows, small @ small.T), _sqdist_to_rows(small, sq[:100], rows), atol=1e-5
+    )
+    np.testing.assert_allclose(_sqdist_to_rows(small, sq[:100], rows), torch.cdist(small, small[rows]) ** 2, atol=1e-5)
 
 
 def test_zero_embedding_row_gets_a_code_without_nan():
@@ -159,7 +172,9 @@ def test_run_writes_artifacts_and_metrics_on_a_hand_made_case(tmp_path):
     n1 = np.linalg.norm(r1, axis=1)
     u1 = r1 / n1[:, None]
     n2 = np.linalg.norm(u1 - np.stack([u1[g1 == g].mean(0) for g in range(4)])[g1], axis=1)
-    assert [lv["quant_error"] for lv in metrics["per_level"]] == pytest.approx([(n1**2).mean(), (n2**2).mean()], abs=1e-6)
+    assert [lv["quant_error"] for lv in metrics["per_level"]] == pytest.approx(
+        [(n1**2).mean(), (n2**2).mean()], abs=1e-6
+    )
     assert metrics["reconstruction_error"] == pytest.approx(((n1 * n2) ** 2).mean(), abs=1e-7)
     assert metrics["mode"] == "train" and metrics["items_new"] == 11
     json.dumps(metrics)

@@ -78,7 +78,7 @@ def test_minmax_ignores_padding_and_importance_is_the_product():
     assert stamp.minmax(torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
 def test_keep_ratio_one_reproduces_the_unpruned_logits(family):
     model = tiny(family)
     ids, mask, targets = padded_batch()

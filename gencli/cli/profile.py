@@ -1,0 +1,111 @@
+"""gencli profile: real sft training steps per STAMP variant (base, sap, map, stamp), timed and measured."""
+
+from __future__ import annotations
+
+import click
+
+from gencli.cli.common import build_config, execute, step_options
+
+
+@click.command()
+@click.option("--variants", default="base,sap,map,stamp", show_default=True,
+              help="Comma-separated variants; the first is the reference for speedup and memory reduction.")
+@click.option("--steps", type=int, default=5, show_default=True, help="Timed training steps per variant.")
+@click.option("--warmup-steps", type=int, default=1, show_default=True, help="Untimed steps first.")
+@click.option("--model-step", type=click.Choice(["auto", "sft", "cpt", "init-vocab"]), default="auto",
+              show_default=True, help="Whose model to train (auto = the most trained finished step); never modified.")
+@click.option("--detail", is_flag=True, help="Add the top operators of one step (torch.profiler).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@step_options
+def profile(variants, steps, warmup_steps, model_step, detail, device, workdir, json_mode, force):
+    """Tokens/s, step time (data/forward/backward/optimizer) and peak memory of sft training per STAMP variant.
+
+    Uses sft's settings (its step.json params when sft has run, else the sft defaults).
+    """
+    from gencli.config import ProfileConfig
+
+    names = tuple(v.strip() for v in variants.split(",") if v.strip())
+    cfg = build_config(ProfileConfig, json_mode, variants=names, steps=steps, warmup_steps=warmup_steps,
+                       model_step=model_step, detail=detail, device=device)
+    chosen: dict = {}
+
+    def upstream(ws):
+        from gencli.cli.inputs import pick_model_step
+
+        chosen["step"] = pick_model_step(ws, cfg.model_step, "profile")
+        chosen["train"] = _sft_config(ws)
+        # sft's params shape the profiled steps, so a changed sft makes the profile stale too
+        sft_done = (ws.manifest.get("sft") or {}).get("status") == "done" if (ws.root / "manifest.json").exists() else False
+        return ["ingest", "quantize", *sorted({chosen["step"], *(["sft"] if sft_done else [])})]
+
+    def body(run, ws, progress):
+        from gencli.cli.inputs import item_codes, model_artifacts
+        from gencli.core import data
+        from gencli.core import profile as core
+
+        model_dir, vocab_path = model_artifacts(ws, chosen["step"], "profile")
+        codes, _ = item_codes(ws, "profile")
+        train = data.load_split(ws.input_dir("ingest", "profile"), "train")
+        metrics = core.run(cfg, chosen["train"], model_dir, vocab_path, codes, train, run.out_dir, progress)
+        return {"model_step": chosen["step"], **metrics}
+
+    metrics = execute(step="profile", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream,
+                      body=body, extra_params=None)
+    if not json_mode and metrics:
+        _print_table(metrics)
+
+
+def _sft_config(ws):
+    """sft's TrainConfig: its recorded params when it has run, else the defaults."""
+    import dataclasses
+
+    from gencli.config import TrainConfig
+
+    entry = ws.manifest.get("sft") if (ws.root / "manifest.json").exists() else None
+    if not entry or entry.get("status") != "done":
+        return TrainConfig(task="sft")
+    params = ws.step_record("sft").get("params", {})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in known})
+
+
+def _print_table(metrics: dict) -> None:
+    """Two narrow tables (time, memory) so they fit an 80-column terminal; top operators with --detail."""
+    from rich.table import Table
+
+    from gencli.ui.output import _fmt, console
+
+    def cell(row: dict, key: str) -> str:
+        value = row.get(key)
+        if value is None:
+            return ""
+        if key.endswith("reduction"):
+            return f"{100 * value:.0f}%"
+        return f"{value:.2f}x" if key == "speedup" else _fmt(value)
+
+    header = (f"{metrics['steps']} steps x batch {metrics['batch_size']} on {metrics['device']}, "
+              f"~{metrics['mean_tokens_per_sample']} tokens/sample, vs {metrics['reference']}")
+    layouts = [
+        (f"profile time ({header})", [("variant", "variant"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
+                                      ("step s", "step_s"), ("data s", "data_s"), ("fwd s", "forward_s"),
+                                      ("bwd s", "backward_s"), ("optim s", "optimizer_s")]),
+        ("profile memory", [("variant", "variant"), ("peak MB", "peak_mem_mb"), ("peak -%", "mem_reduction"),
+                            ("activations MB", "activation_mb"), ("activ. -%", "activation_reduction"),
+                            ("loss", "loss")]),
+    ]
+    out = console()
+    for title, columns in layouts:
+        table = Table(title=title)
+        for name, _ in columns:
+            table.add_column(name, justify="left" if name == "variant" else "right")
+        for row in metrics["variants"]:
+            table.add_row(*(cell(row, key) for _, key in columns))
+        out.print(table)
+    for row in metrics["variants"]:
+        if row.get("top_ops"):
+            ops = Table(title=f"top operators, one step of {row['variant']}")
+            for col in ("op", "self ms", "calls"):
+                ops.add_column(col, justify="left" if col == "op" else "right")
+            for op in row["top_ops"]:
+                ops.add_row(op["op"], _fmt(op["self_ms"]), _fmt(op["calls"]))
+            out.print(ops)

@@ -1,0 +1,185 @@
+"""Batched k-means in torch (CPU or CUDA): greedy k-means++ seeding and Lloyd iterations.
+
+The kernel behind :mod:`gencli.core.quantize`. Squared distances are computed as
+``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` + ``min``
+per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
+K = 4096 fits). ``||u||^2`` does not change the argmin, so it is added to the n minima only.
+
+Determinism: all randomness comes from one CPU ``torch.Generator`` (so a seed gives the same
+draws on every device); on CPU the whole computation is bit-identical for the same seed,
+inputs, batch size and thread count. On CUDA, ``index_add_`` uses atomics, so centroids may
+differ in the last bits between runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Advance = Callable[[int], None]
+
+# Hot loops use index_select rather than tensor[index]: advanced indexing may start a threaded
+# region even for a few hundred elements, which costs a whole scheduler slice on a busy machine.
+#
+# Up to this many rows, k-means++ reads candidate distances from one n x n Gram matrix (64 MiB at
+# most) instead of one small matmul per centroid: hundreds of tiny BLAS calls cost more than the
+# arithmetic, badly so when other processes share the cores and each threaded call waits for them.
+GRAM_MAX_ROWS = 4096
+
+
+@dataclass
+class KMeansResult:
+    """Centroids [K, d], labels [n] (argmin w.r.t. these centroids) and how the fit went."""
+
+    centers: torch.Tensor
+    labels: torch.Tensor
+    iterations: int
+    """Lloyd iterations run (E-step + M-step each), as scikit-learn counts ``n_iter_``."""
+    converged: bool
+    """True when an iteration changed no label (else max_iter was reached)."""
+    reseeded: int
+    """Empty clusters re-seeded over the whole fit."""
+
+
+def nearest(
+    u: torch.Tensor, centers: torch.Tensor, batch_size: int, u_sqnorm: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the nearest centroid for every row, and the squared distance to it.
+
+    Ties go to the lowest centroid index. Distances are clamped at 0 (the expansion can
+    round slightly below). ``u_sqnorm`` (the rows' squared norms) is computed when not given.
+    """
+    n = u.shape[0]
+    c_sqnorm = (centers * centers).sum(1)
+    minus_2ct = (-2.0 * centers).T.contiguous()
+    labels = torch.empty(n, dtype=torch.long, device=u.device)
+    dist = torch.empty(n, dtype=u.dtype, device=u.device)
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        block = torch.addmm(c_sqnorm, u[start:stop], minus_2ct)  # ||c||^2 - 2 u c^T, [rows, K]
+        torch.min(block, 1, out=(dist[start:stop], labels[start:stop]))
+    if u_sqnorm is None:
+        u_sqnorm = (u * u).sum(1)
+    return labels, dist.add_(u_sqnorm).clamp_min_(0.0)
+
+
+def kmeans_plusplus(
+    u: torch.Tensor, k: int, generator: torch.Generator, u_sqnorm: torch.Tensor, advance: Advance | None = None
+) -> torch.Tensor:
+    """Greedy k-means++ (Arthur & Vassilvitskii; the variant scikit-learn uses): k rows of ``u`` as centroids.
+
+    The first centroid is a uniform draw; each next one is the best of ``2 + int(ln k)`` candidates
+    drawn with probability proportional to the squared distance to the nearest chosen centroid
+    ("best" = lowest total squared distance afterwards). If every point already coincides with a
+    chosen centroid (fewer distinct points than k), the next centroid is a uniform draw.
+    """
+    n, d = u.shape
+    gram = u @ u.T if n <= GRAM_MAX_ROWS else None
+    trials = 2 + int(math.log(k))
+    centers = torch.empty(k, d, dtype=u.dtype, device=u.device)
+    first = int(torch.randint(n, (1,), generator=generator))
+    centers[0] = u[first]
+    closest = _sqdist_to_rows(u, u_sqnorm, torch.tensor([first], device=u.device), gram)[:, 0]
+    if advance:
+        advance(1)
+    for c in range(1, k):
+        cumulative = torch.cumsum(closest, 0, dtype=torch.float64)
+        potential = float(cumulative[-1])
+        if potential <= 0.0:
+            pick = int(torch.randint(n, (1,), generator=generator))
+            centers[c] = u[pick]
+        else:
+            draws = (torch.rand(trials, generator=generator, dtype=torch.float64) * potential).to(u.device)
+            # right=True: the first index whose cumulative sum exceeds the draw, never a zero-weight point
+            candidates = torch.searchsorted(cumulative, draws, right=True).clamp_max_(n - 1)
+            to_candidates = torch.minimum(closest[:, None], _sqdist_to_rows(u, u_sqnorm, candidates, gram))
+            best = int(torch.argmin(to_candidates.sum(0, dtype=torch.float64)))
+            centers[c] = u[int(candidates[best])]
+            closest = to_candidates.select(1, best).contiguous()
+        if advance:
+            advance(1)
+    return centers
+
+
+def _sqdist_to_rows(
+    u: torch.Tensor, u_sqnorm: torch.Tensor, rows: torch.Tensor, gram: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Squared distances [n, len(rows)] from every row of u to the rows ``rows`` of u (``gram`` = u u^T if given)."""
+    if gram is not None:
+        out = (u_sqnorm[:, None] + u_sqnorm.index_select(0, rows)[None, :]).sub_(
+            gram.index_select(0, rows).T, alpha=2.0
+        )
+        return out.clamp_min_(0.0)
+    out = torch.addmm(u_sqnorm.index_select(0, rows)[None, :], u, u.index_select(0, rows).T, alpha=-2.0)
+    return out.add_(u_sqnorm[:, None]).clamp_min_(0.0)
+
+
+def lloyd(
+    u: torch.Tensor,
+    centers: torch.Tensor,
+    max_iter: int,
+    batch_size: int,
+    u_sqnorm: torch.Tensor,
+    advance: Advance | None = None,
+) -> KMeansResult:
+    """Lloyd iterations from ``centers`` until no label changes or ``max_iter``.
+
+    One iteration = E-step (assign every row to its nearest centroid) + M-step (centroid = mean of
+    its rows). The fit stops when an E-step reproduces the previous labels (the centroids are then
+    already their means). After ``max_iter`` iterations a last E-step makes the returned labels
+    the argmin w.r.t. the returned centroids (scikit-learn does the same).
+
+    Empty clusters: after an M-step, each empty cluster is re-seeded with one of the points
+    farthest from their assigned centroid (the i-th empty cluster, in index order, gets the i-th
+    farthest point; ties by row index), so nothing depends on chance.
+    """
+    k, d = centers.shape
+    centers = centers.clone()
+    previous = None
+    reseeded = 0
+    for it in range(max_iter):
+        labels, dist = nearest(u, centers, batch_size, u_sqnorm)
+        if previous is not None and torch.equal(labels, previous):
+            if advance:
+                advance(max_iter - it)
+            return KMeansResult(centers, labels, it + 1, True, reseeded)
+        reseeded += _update_centers(u, labels, dist, centers)
+        previous = labels
+        if advance:
+            advance(1)
+    labels, _ = nearest(u, centers, batch_size, u_sqnorm)
+    return KMeansResult(centers, labels, max_iter, previous is not None and torch.equal(labels, previous), reseeded)
+
+
+def _update_centers(u: torch.Tensor, labels: torch.Tensor, dist: torch.Tensor, centers: torch.Tensor) -> int:
+    """M-step in place: centers <- per-cluster means; empty clusters re-seeded. Returns how many were empty."""
+    k = centers.shape[0]
+    sums = torch.zeros_like(centers).index_add_(0, labels, u)
+    counts = torch.bincount(labels, minlength=k)
+    filled = counts > 0
+    torch.div(sums, counts.clamp_min(1).to(u.dtype)[:, None], out=centers)
+    empty = torch.nonzero(~filled).flatten()
+    if empty.numel():
+        farthest = torch.sort(dist, descending=True, stable=True).indices[: empty.numel()]
+        centers[empty[: farthest.numel()]] = u[farthest]
+    return int(empty.numel())
+
+
+def kmeans(
+    u: torch.Tensor,
+    k: int,
+    max_iter: int,
+    generator: torch.Generator,
+    batch_size: int,
+    advance: Advance | None = None,
+) -> KMeansResult:
+    """k-means++ seeding then Lloyd on the rows of ``u`` (float32 [n, d], n >= k).
+
+    ``advance`` is called k times during seeding and max_iter times during Lloyd.
+    """
+    u_sqnorm = (u * u).sum(1)
+    centers = kmeans_plusplus(u, k, generator, u_sqnorm, advance)
+    return lloyd(u, centers, max_iter, batch_size, u_sqnorm, advance)

@@ -1,0 +1,506 @@
+"""Residual k-means over item embeddings -> semantic IDs (SIDs), plus a dedup level.
+
+Algorithm. ``r_0 = x`` (the item embeddings). At each level ``l`` the residual is re-normalised,
+``u_l = r_l / ||r_l||`` (a residual with norm <= 1e-6, e.g. a point equal to its centroid, becomes
+the zero vector instead of amplified rounding noise), k-means (greedy k-means++ seeding, Lloyd;
+see :mod:`gencli.core.kmeans`) gives codebook ``C_l`` [K_l, d] and codes
+``k_l = argmin_k ||u_l - C_l[k]||^2``, and ``r_{l+1} = u_l - C_l[k_l]``. Codebooks live in this
+normalised residual space.
+
+Dedup level. Items sharing all L codes get an extra code 0, 1, 2, ... in item order (GRID
+style), so every item has a unique SID of L+1 codes; the dedup codebook size is the largest
+group (>= 1).
+
+Error metrics (one definition, also used by bench/quantize.py):
+
+- ``quant_error`` of level l: mean over items of ``||u_l - C_l[k_l]||^2`` (= ``||r_{l+1}||^2``).
+- ``reconstruction_error``: with ``n_l = ||r_l||`` stored per item, unrolling
+  ``u_l = C_l[k_l] + n_{l+1} u_{l+1}`` from the last level up gives
+  ``x_hat = sum_l (n_1 ... n_l) C_l[k_l]`` and ``u_0 - x_hat = (n_1 ... n_L) u_L``, so
+  ``reconstruction_error = mean_i ||u_0 - x_hat||^2 = mean_i prod_l ||u_l - C_l[k_l]||^2``:
+  the mean squared final residual relative to the (unit) normalised embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from gencli.config import QuantizeConfig
+from gencli.core import artifacts
+from gencli.core.device import resolve_device
+from gencli.core.kmeans import kmeans, nearest
+from gencli.core.progress import SILENT, Progress
+from gencli.errors import ArtifactError, InputError
+
+ZERO_NORM = 1e-6  # residuals at most this long count as zero (their direction is rounding noise)
+
+
+@dataclass(frozen=True)
+class PreviousCodebooks:
+    """What ``--codebooks-from`` reuses: the codebooks and every previous item's full SID."""
+
+    codebooks: list[np.ndarray]
+    """L float32 arrays [K_l, d]."""
+    item_ids: list[str]
+    """Previous items, in their item_idx order."""
+    codes: np.ndarray
+    """int64 [n_previous, L+1]: each previous item's SID, dedup code last."""
+    source: Path
+    """The quantize folder they came from (for messages)."""
+
+
+# --------------------------------------------------------------------------- the algorithm
+
+
+def normalise(r: torch.Tensor) -> torch.Tensor:
+    """Rows divided by their L2 norm, in place; rows with norm <= ZERO_NORM become zero. Returns the norms."""
+    norms = torch.linalg.vector_norm(r, dim=1)
+    scale = torch.where(norms > ZERO_NORM, 1.0 / norms.clamp_min(ZERO_NORM), torch.zeros_like(norms))
+    r.mul_(scale[:, None])
+    return norms
+
+
+def _as_tensor(x: np.ndarray | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """A float32 copy on ``device`` (the caller's array is never modified)."""
+    t = torch.as_tensor(x)
+    return t.to(device=device or t.device, dtype=torch.float32, copy=True)
+
+
+def residual_kmeans(
+    x: np.ndarray | torch.Tensor,
+    codes: Sequence[int],
+    max_iter: int = 50,
+    seed: int = 0,
+    batch_size: int = 65536,
+    device: torch.device | str = "cpu",
+    progress: Progress = SILENT,
+) -> tuple[list[torch.Tensor], torch.Tensor, list[dict[str, Any]]]:
+    """Train one codebook per level on the re-normalised residuals (see the module docstring).
+
+    Returns the codebooks (float32 [K_l, d] each, on CPU), the codes (int64 [n, L], on CPU) and
+    per-level stats: codes, iterations, converged, reseeded (empty clusters re-seeded), used,
+    utilisation, perplexity, quant_error. Raises InputError when there are fewer items than codes.
+    """
+    x = np.asarray(x) if not isinstance(x, torch.Tensor) else x
+    n = int(x.shape[0])
+    _check_enough_items(n, codes)
+    u = _as_tensor(x, device)
+    normalise(u)
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    books: list[torch.Tensor] = []
+    labels_per_level: list[torch.Tensor] = []
+    stats: list[dict[str, Any]] = []
+    for level, k in enumerate(codes):
+        with progress.track(f"quantize level {level} (k-means++ {k}, Lloyd {max_iter})", total=k + max_iter) as adv:
+            fit = kmeans(u, int(k), int(max_iter), generator, int(batch_size), adv)
+        residual_norms = _to_residual(u, fit.centers, fit.labels, batch_size)
+        labels = fit.labels.cpu()
+        books.append(fit.centers.cpu())
+        labels_per_level.append(labels)
+        stats.append(
+            {
+                "level": level,
+                "codes": int(k),
+                "iterations": fit.iterations,
+                "converged": fit.converged,
+                "reseeded": fit.reseeded,
+                **usage_stats(labels.numpy(), int(k)),
+                "quant_error": float(residual_norms.double().square().mean()),
+            }
+        )
+    return books, torch.stack(labels_per_level, 1), stats
+
+
+def _check_enough_items(n: int, codes: Sequence[int]) -> None:
+    worst = max(codes)
+    if n < 2:
+        raise InputError(f"quantize got {n} item(s); k-means needs at least 2 items (check the ingest step's items)")
+    if n < worst:
+        level = list(codes).index(worst)
+        fit = 1 << max(1, (max(n, 2)).bit_length() - 1)  # largest power of two <= n
+        raise InputError(
+            f"quantize got {n} items but level {level} asks for {worst} codes (--codes {','.join(map(str, codes))}); "
+            f"k-means needs at least as many items as codes at every level: use fewer codes, e.g. --codes {min(fit, 64)}"
+        )
+
+
+def _to_residual(u: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """u <- normalise(u - centers[labels]) in place, block by block. Returns ||u - centers[labels]|| per row."""
+    norms = torch.empty(u.shape[0], dtype=u.dtype, device=u.device)
+    for start in range(0, u.shape[0], batch_size):
+        block = u[start : start + batch_size]
+        block.sub_(centers.index_select(0, labels[start : start + batch_size]))
+        norms[start : start + batch_size] = normalise(block)
+    return norms
+
+
+def assign(
+    x: np.ndarray | torch.Tensor,
+    codebooks: Sequence[np.ndarray | torch.Tensor],
+    batch_size: int = 65536,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Codes [n, L] (int64, CPU) of every row of x under fixed codebooks: nearest centroid level by level.
+
+    Uses the same distance blocks and residual rule as :func:`residual_kmeans`, so assigning the
+    training items to their own codebooks reproduces the trained codes exactly.
+    """
+    u = _as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x, device)
+    normalise(u)
+    out = []
+    for book in codebooks:
+        centers = _as_tensor(book, u.device)
+        labels, _ = nearest(u, centers, batch_size)
+        _to_residual(u, centers, labels, batch_size)
+        out.append(labels.cpu())
+    return torch.stack(out, 1) if out else torch.empty(u.shape[0], 0, dtype=torch.long)
+
+
+def residual_errors(
+    x: np.ndarray | torch.Tensor,
+    codebooks: Sequence[np.ndarray | torch.Tensor],
+    codes: np.ndarray | torch.Tensor,
+    batch_size: int = 65536,
+) -> tuple[list[float], float]:
+    """(quant_error per level, reconstruction_error) of given codes, following the codes (not argmin).
+
+    Definitions in the module docstring; computed in float64 on CPU, ``batch_size`` rows at a time.
+    """
+    x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).cpu()
+    codes_t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes).cpu().long()
+    books = [torch.as_tensor(np.asarray(b) if not isinstance(b, torch.Tensor) else b).cpu().double() for b in codebooks]
+    level_sums = torch.zeros(len(books), dtype=torch.float64)
+    recon_sum = torch.zeros((), dtype=torch.float64)
+    for start in range(0, x.shape[0], batch_size):
+        u = x[start : start + batch_size].to(torch.float64, copy=True)
+        normalise(u)
+        product = torch.ones(u.shape[0], dtype=torch.float64)
+        for level, book in enumerate(books):
+            u.sub_(book.index_select(0, codes_t[start : start + batch_size, level]))
+            sq = normalise(u).square()
+            level_sums[level] += sq.sum()
+            product.mul_(sq)
+        recon_sum += product.sum()
+    n = max(x.shape[0], 1)
+    return [float(s) / n for s in level_sums], float(recon_sum) / n
+
+
+# --------------------------------------------------------------------------- SIDs and their statistics
+
+
+def dedup_level(codes: np.ndarray) -> np.ndarray:
+    """Dedup code per item [n]: 0 for the first item (lowest row) of each group sharing a full SID, then 1, 2, ..."""
+    codes = np.asarray(codes)
+    if codes.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, group = np.unique(codes, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    order = np.argsort(group, kind="stable")  # rows of a group stay in item order
+    sorted_groups = group[order]
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    sizes = np.diff(np.r_[starts, len(order)])
+    rank = np.arange(len(order)) - np.repeat(starts, sizes)
+    dedup = np.empty(len(order), dtype=np.int64)
+    dedup[order] = rank
+    return dedup
+
+
+def usage_stats(labels: np.ndarray, k: int) -> dict[str, Any]:
+    """Codebook usage of one level: used codes, utilisation (used / K) and perplexity (exp of the usage entropy)."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=k).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    used = int((counts > 0).sum())
+    return {"used": used, "utilisation": used / k, "perplexity": float(np.exp(-(p * np.log(p)).sum()))}
+
+
+def collision_stats(codes: np.ndarray) -> dict[str, Any]:
+    """Of the L-level SIDs [n, L]: collision_rate (items sharing their SID with another), max_group_size, n_unique_sids."""
+    codes = np.asarray(codes)
+    _, group_sizes = np.unique(codes, axis=0, return_counts=True)
+    shared = int(group_sizes[group_sizes > 1].sum())
+    return {
+        "collision_rate": shared / max(len(codes), 1),
+        "max_group_size": int(group_sizes.max(initial=1)),
+        "n_unique_sids": int(len(group_sizes)),
+    }
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def run(
+    cfg: QuantizeConfig,
+    embeddings: np.ndarray,
+    item_ids: list[str],
+    out_dir: Path,
+    progress: Progress = SILENT,
+    previous: PreviousCodebooks | None = None,
+) -> dict[str, Any]:
+    """Quantize the item embeddings (row i = item_idx i) into SIDs; write CODEBOOKS, SIDS, TOKEN_MAP into out_dir.
+
+    With ``previous`` (``--codebooks-from``) nothing is trained: items whose item_id is in the
+    previous SIDs keep their full previous SID (dedup code included); new items are assigned to
+    the previous codebooks and get the next dedup codes of their group after the largest one any
+    previous item of that group had (so an SID of a removed item is never handed to a new one).
+    Then cfg.codes, max_iter and seed are unused (the codebooks fix the sizes).
+
+    Metrics: items, dim, levels, codes, dedup_codes, collision_rate, max_group_size, n_unique_sids,
+    reconstruction_error, per_level (used, utilisation, perplexity, quant_error, and when trained
+    iterations, converged, reseeded), mode, items_new, items_kept (+ items_dropped, codebooks_from).
+    """
+    x = _check_embeddings(embeddings, item_ids)
+    device = resolve_device(cfg.device)
+    n = len(x)
+    if previous is None:
+        books_t, codes_t, level_stats = residual_kmeans(
+            x, cfg.codes, cfg.max_iter, cfg.seed, cfg.batch_size, device, progress
+        )
+        books = [b.numpy() for b in books_t]
+        base = codes_t.numpy()
+        full = np.concatenate([base, dedup_level(base)[:, None]], axis=1)
+        extra: dict[str, Any] = {"mode": "train", "items_new": n, "items_kept": 0}
+    else:
+        books, full, extra = _reuse(previous, x, item_ids, cfg, device, progress)
+        level_stats = [{"level": lv, "codes": len(b), **usage_stats(full[:, lv], len(b))} for lv, b in enumerate(books)]
+    levels = len(books)
+    with progress.track("quantize: errors and artifacts", total=2) as advance:
+        quant_errors, recon = residual_errors(x, books, full[:, :levels])
+        for stat, err in zip(level_stats, quant_errors, strict=True):
+            stat["quant_error"] = err
+        advance(1)
+        dedup_size = int(full[:, levels].max(initial=0)) + 1
+        sizes = [len(b) for b in books] + [dedup_size]
+        write_outputs(Path(out_dir), books, full, item_ids, sizes)
+        advance(1)
+    return {
+        "items": n,
+        "dim": int(x.shape[1]),
+        "levels": levels,
+        "codes": [len(b) for b in books],
+        "dedup_codes": dedup_size,
+        **collision_stats(full[:, :levels]),
+        "reconstruction_error": recon,
+        "per_level": level_stats,
+        **extra,
+    }
+
+
+def _check_embeddings(embeddings: np.ndarray, item_ids: list[str]) -> np.ndarray:
+    x = np.asarray(embeddings)
+    where = f"{artifacts.EMBEDDINGS} (embed step)"
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ArtifactError(
+            f"{where} must be a non-empty [n_items, dim] matrix, found shape {x.shape}; rerun `gencli embed --force`"
+        )
+    if len(item_ids) != x.shape[0]:
+        raise ArtifactError(
+            f"{where} has {x.shape[0]} rows but {artifacts.ITEMS} has {len(item_ids)} items; "
+            "rerun `gencli embed --force` after ingest"
+        )
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if bad.size:
+        raise ArtifactError(
+            f"{where} has non-finite values in rows (item_idx) {bad[:5].tolist()}"
+            f"{' ...' if bad.size > 5 else ''}; rerun `gencli embed --force`"
+        )
+    ids = pl.Series(item_ids, dtype=pl.String)
+    dup = np.flatnonzero(ids.is_duplicated().to_numpy())
+    if dup.size:
+        raise ArtifactError(
+            f"{artifacts.ITEMS} repeats item ids at item_idx {dup[:5].tolist()}; rerun `gencli ingest --force`"
+        )
+    return x.astype(np.float32, copy=False)
+
+
+def _reuse(
+    previous: PreviousCodebooks, x: np.ndarray, item_ids: list[str], cfg: QuantizeConfig, device, progress: Progress
+) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
+    """--codebooks-from: full SIDs [n, L+1] from the previous codebooks and SIDs, no training."""
+    books = previous.codebooks
+    levels = len(books)
+    dim = books[0].shape[1]
+    if x.shape[1] != dim:
+        raise InputError(
+            f"the embeddings have dim {x.shape[1]} but {previous.source / artifacts.CODEBOOKS} has dim {dim}; "
+            "embed with the same model and --dim as the run that made those codebooks, or quantize without "
+            "--codebooks-from"
+        )
+    index = {item_id: row for row, item_id in enumerate(previous.item_ids)}
+    rows = np.array([index.get(item_id, -1) for item_id in item_ids], dtype=np.int64)
+    kept = rows >= 0
+    new = np.flatnonzero(~kept)
+    full = np.empty((len(x), levels + 1), dtype=np.int64)
+    full[kept] = previous.codes[rows[kept]]
+    with progress.track("quantize: assign new items", total=1) as advance:
+        if new.size:
+            full[new, :levels] = assign(x[new], books, cfg.batch_size, device).numpy()
+            full[new, levels] = _next_dedup(previous.codes, full[new, :levels])
+        advance(1)
+    dropped = len(previous.item_ids) - int(kept.sum())
+    extra = {
+        "mode": "codebooks_from",
+        "items_new": int(new.size),
+        "items_kept": int(kept.sum()),
+        "items_dropped": dropped,
+        "codebooks_from": str(previous.source),
+    }
+    return books, full, extra
+
+
+def _next_dedup(previous_codes: np.ndarray, new_codes: np.ndarray) -> np.ndarray:
+    """Dedup codes for new items: after the largest one any previous item of the same L-level SID had, in item order."""
+    levels = new_codes.shape[1]
+    both = np.concatenate([previous_codes[:, :levels], new_codes], axis=0)
+    _, group = np.unique(both, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    n_prev = len(previous_codes)
+    largest = np.full(group.max(initial=-1) + 1, -1, dtype=np.int64)
+    np.maximum.at(largest, group[:n_prev], previous_codes[:, levels].astype(np.int64))
+    new_group = group[n_prev:]
+    return largest[new_group] + 1 + dedup_level(new_group[:, None])
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def write_outputs(
+    out_dir: Path, codebooks: Sequence[np.ndarray], full_codes: np.ndarray, item_ids: list[str], sizes: list[int]
+) -> None:
+    """CODEBOOKS, SIDS and TOKEN_MAP (byte-identical for identical inputs)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_npz(out_dir / artifacts.CODEBOOKS, {f"level_{i}": np.asarray(b, np.float32) for i, b in enumerate(codebooks)})
+    n, depth = full_codes.shape
+    frame = pl.DataFrame(
+        {
+            "item_idx": pl.Series(np.arange(n, dtype=np.int32)),
+            "item_id": pl.Series(item_ids, dtype=pl.String),
+            "codes": pl.Series(np.ascontiguousarray(full_codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
+        }
+    )
+    frame.write_parquet(out_dir / artifacts.SIDS)
+    token_map = {
+        "levels": sizes,
+        "tokens": [[artifacts.sid_token(lv, k) for k in range(size)] for lv, size in enumerate(sizes)],
+    }
+    (out_dir / artifacts.TOKEN_MAP).write_text(json.dumps(token_map) + "\n")
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez without timestamps (np.savez stamps the zip entries with the current time)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, arr in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+
+def load_codebook_list(quantize_dir: Path) -> list[np.ndarray]:
+    """CODEBOOKS as L float32 arrays [K_l, d]; ArtifactError naming the file if missing, corrupt or inconsistent."""
+    path = Path(quantize_dir) / artifacts.CODEBOOKS
+    fix = "rerun `gencli quantize --force`"
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            names = sorted(npz.files, key=lambda s: (len(s), s))
+            books = [np.asarray(npz[name]) for name in names]
+    except FileNotFoundError:
+        raise ArtifactError(f"{path} is missing; {fix}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise ArtifactError(f"{path} is corrupt ({e}); {fix}") from None
+    if not books or names != [f"level_{i}" for i in range(len(names))]:
+        raise ArtifactError(f"{path} must hold level_0 .. level_{{L-1}}, found {names}; {fix}")
+    dims = {b.shape[1] if b.ndim == 2 else -1 for b in books}
+    if len(dims) != 1 or -1 in dims or any(len(b) == 0 or not np.issubdtype(b.dtype, np.floating) for b in books):
+        shapes = [f"{n}: {b.dtype} {b.shape}" for n, b in zip(names, books, strict=True)]
+        raise ArtifactError(f"{path} must hold float [K, d] arrays with one d, found {shapes}; {fix}")
+    return [b.astype(np.float32, copy=False) for b in books]
+
+
+def load_sids(quantize_dir: Path) -> pl.DataFrame:
+    """SIDS as a frame (item_idx, item_id, codes) after checking its columns and row order."""
+    path = Path(quantize_dir) / artifacts.SIDS
+    fix = "rerun `gencli quantize --force`"
+    try:
+        frame = pl.read_parquet(path)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path} is missing; {fix}") from None
+    except Exception as e:  # polars raises several error types for a damaged file
+        raise ArtifactError(f"{path} is corrupt ({type(e).__name__}: {e}); {fix}") from None
+    missing = [c for c in ("item_idx", "item_id", "codes") if c not in frame.columns]
+    if missing:
+        raise ArtifactError(f"{path} lacks the column(s) {missing}; {fix}")
+    if not frame["item_idx"].equals(pl.Series("item_idx", np.arange(frame.height)), check_dtypes=False):
+        raise ArtifactError(f"{path}: item_idx is not 0..n-1 in row order; {fix}")
+    return frame
+
+
+def load_item_codes(quantize_dir: Path) -> np.ndarray:
+    """The full SIDs [n_items, L+1] (int64) in item_idx order, dedup code last."""
+    path = Path(quantize_dir) / artifacts.SIDS
+    frame = load_sids(quantize_dir)
+    lengths = frame["codes"].list.len()
+    if frame.height and lengths.n_unique() != 1:
+        bad = np.flatnonzero((lengths != lengths[0]).to_numpy())
+        raise ArtifactError(
+            f"{path}: codes have different lengths (rows {bad[:5].tolist()}); rerun `gencli quantize --force`"
+        )
+    width = int(lengths[0]) if frame.height else 0
+    return frame["codes"].list.to_array(width).to_numpy().astype(np.int64).reshape(frame.height, width)
+
+
+def load_token_map(quantize_dir: Path) -> dict[str, Any]:
+    """TOKEN_MAP: {"levels": [K_0, .., K_dedup], "tokens": [[names], ...]}."""
+    path = Path(quantize_dir) / artifacts.TOKEN_MAP
+    try:
+        token_map = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{path} is missing; rerun `gencli quantize --force`") from None
+    except (ValueError, OSError) as e:
+        raise ArtifactError(f"{path} is corrupt ({e}); rerun `gencli quantize --force`") from None
+    if not isinstance(token_map, dict) or [len(t) for t in token_map.get("tokens", [])] != token_map.get("levels"):
+        raise ArtifactError(
+            f"{path} must hold 'levels' and 'tokens' of matching sizes; rerun `gencli quantize --force`"
+        )
+    return token_map
+
+
+def load_codebooks(quantize_dir: Path) -> PreviousCodebooks:
+    """Codebooks + SIDs of a finished quantize folder, for ``--codebooks-from``.
+
+    ArtifactError naming the file when one is missing or corrupt, or when the SIDs do not match
+    the codebooks (length L+1, codes inside the codebooks, every full SID unique).
+    """
+    quantize_dir = Path(quantize_dir)
+    books = load_codebook_list(quantize_dir)
+    path = quantize_dir / artifacts.SIDS
+    codes = load_item_codes(quantize_dir)
+    item_ids = load_sids(quantize_dir)["item_id"].cast(pl.String).to_list()
+    levels = len(books)
+    fix = "point --codebooks-from at a complete quantize folder (or rerun quantize there)"
+    if codes.shape[1] != levels + 1:
+        raise ArtifactError(
+            f"{path} has SIDs of {codes.shape[1]} codes but {quantize_dir / artifacts.CODEBOOKS} has "
+            f"{levels} levels (+1 dedup expected); {fix}"
+        )
+    for level, book in enumerate(books):
+        bad = np.flatnonzero((codes[:, level] < 0) | (codes[:, level] >= len(book)))
+        if bad.size:
+            raise ArtifactError(
+                f"{path}: level {level} codes of rows {bad[:5].tolist()} are outside the codebook "
+                f"of {len(book)} codes in {artifacts.CODEBOOKS}; {fix}"
+            )
+    if len(codes) and (codes[:, levels] < 0).any():
+        raise ArtifactError(f"{path}: negative dedup codes; {fix}")
+    if collision_stats(codes)["n_unique_sids"] != len(codes):
+        raise ArtifactError(f"{path}: some items share a full SID (dedup code included); {fix}")
+    if len(set(item_ids)) != len(item_ids):
+        raise ArtifactError(f"{path}: item ids repeat; {fix}")
+    return PreviousCodebooks(books, item_ids, codes, quantize_dir)

@@ -1,0 +1,255 @@
+"""STAMP: semantic-aware token pruning (SAP) and multi-step auxiliary prediction (MAP), used by the engine.
+
+STAMP ("Semantic Trimming and Auxiliary Multi-step Prediction for Generative Recommendation")
+cuts training compute and activation memory by dropping low-utility tokens inside the
+decoder, and recovers accuracy with an auxiliary next-next-token objective. Both are a
+loss function for :func:`gencli.core.engine.fit` (see :func:`gencli.core.engine.make_loss`);
+the Hugging Face modules are driven layer by layer, never copied.
+
+SAP (``cfg.sap``): the first ``L = cfg.stamp_layer`` decoder layers see every token. From
+layer L's output hidden states ``h`` and layer L's attention probabilities ``A[h, j, i]``
+each real (non-padding) token ``i`` of a sequence gets
+
+    S_sem(i)  = Norm(||h_i||_1)
+    S_attn(i) = Norm(sum over heads h and real queries j of A[h, j, i])
+    I(i)      = S_sem(i) * S_attn(i)
+
+where ``Norm`` is a min-max scaling over the real tokens of that sequence,
+``(x - min) / (max - min)`` (0 when all are equal), so both factors lie in [0, 1] whatever
+the scale of the layer and the product does not let one factor dominate by magnitude.
+Padding never counts: it sends no query mass, gets score -inf and is never kept.
+
+Each sequence of N real tokens keeps ``max(floor(keep_ratio * N), P)`` tokens (at most N):
+the protected ones (P of them: the last ``cfg.recent_window`` positions and every position
+that carries a loss target, since a pruned position could not be scored) and then the
+highest importances. Kept indices are sorted (order preserved), hidden states gathered,
+and the remaining layers see the original position ids (RoPE) and a causal + padding mask
+rebuilt over the kept tokens (sorted positions make "causal in kept order" equal to "causal
+in original positions"). With the usual small window, exactly ``floor(keep_ratio * N)``
+tokens remain. (In cpt nearly every position carries a loss target, so SAP keeps nearly
+everything there; it pays off in sft, where only the target item's SID is labelled.)
+
+Layer L's attention probabilities are recomputed, without gradient, from that layer's own
+projections: ``softmax(Q K^T * scaling + mask)`` after its input norm, its q/k norms (Qwen3)
+and RoPE. Every layer keeps its fast attention kernel (sdpa); only this one score matrix is
+materialised.
+
+MAP (``cfg.map``): at every position ``t`` whose target ``y_{t+1}`` and the following target
+``y_{t+2}`` are both labelled, a foresight state
+
+    h_mtp_t = (1 - lambda) * h_t + lambda * RMSNorm_final(E(y_{t+1}))
+
+fuses the final (normed) hidden state ``h_t`` with the input embedding of the ground-truth
+next token, passed through the model's final norm. The same LM head (shared weights, no
+new parameters) maps it to logits for ``y_{t+2}``. Why this form: the head only ever sees
+outputs of the final RMSNorm, so putting the embedding through that norm puts both terms on
+the head's input scale (raw embedding rows are ~50x smaller than normed states), and the
+convex combination keeps the result there; ``lambda`` (default 0.3, the paper's) says how
+much of the "future" token is mixed in. Loss = main CE + ``mtp_weight`` (default 0.1; 0.5 cost
+Recall@5 on the tiny preset, see docs/benchmarks.md) * auxiliary CE, both
+summed over their positions (the engine divides by the number of main targets). Inference
+does not change: MAP is a training-only loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gencli.core.engine import IGNORE_INDEX, TokenLoss
+from gencli.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SapSettings:
+    """Where and how much SAP prunes."""
+
+    layer: int = 2
+    """Decoder layers that see every token; scores come from the last of them (1-based)."""
+    keep_ratio: float = 0.5
+    """Fraction alpha of each sequence's real tokens kept: floor(alpha * N)."""
+    recent_window: int = 16
+    """The last W positions of each sequence are always kept (target + prompt suffix)."""
+
+
+@dataclass
+class Pruned:
+    """Result of :func:`pruned_forward`: final-normed hidden states of the kept tokens."""
+
+    hidden: torch.Tensor
+    """[B, K, d] after the final norm (K = most tokens kept by a sequence)."""
+    index: torch.Tensor
+    """[B, K] original position of each kept token (sorted; padding slots hold 0)."""
+    valid: torch.Tensor
+    """[B, K] True where a slot holds a kept token."""
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
+
+
+def _check_layers(decoder: torch.nn.Module, layer: int) -> None:
+    n = len(decoder.layers)
+    if not 1 <= layer < n:
+        raise ConfigError("stamp", [f"--stamp-layer must be in [1, {n - 1}] for this {n}-layer model (got {layer})"])
+    types = getattr(decoder.config, "layer_types", None) or []
+    if any(t != "full_attention" for t in types):
+        raise ConfigError("stamp", ["SAP supports full-attention models only (this config has sliding-window layers)"])
+
+
+def _mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
+    """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants."""
+    from transformers.masking_utils import create_causal_mask
+
+    return create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=valid.long(), cache=None)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_probs(layer: torch.nn.Module, hidden_in: torch.Tensor, position_embeddings: tuple,
+                    valid: torch.Tensor) -> torch.Tensor:
+    """Attention probabilities [B, heads, N, N] of a Llama/Qwen2/Qwen3 decoder ``layer`` given its input.
+
+    Recomputed from the layer's own modules (input norm, q/k projections, Qwen3's q/k norms,
+    RoPE, grouped kv heads), with a causal + padding mask, exactly as eager attention does.
+    """
+    attn = layer.self_attn
+    x = layer.input_layernorm(hidden_in)
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)).float() * attn.scaling
+    n = scores.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+    allowed = causal[None, None] & valid[:, None, None, :]
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1)
+
+
+def minmax(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-row min-max scaling over the valid entries to [0, 1] (0 where the row is constant); invalid -> 0."""
+    lo = x.masked_fill(~valid, float("inf")).amin(dim=1, keepdim=True)
+    hi = x.masked_fill(~valid, float("-inf")).amax(dim=1, keepdim=True)
+    span = hi - lo
+    out = torch.where(span > 0, (x - lo) / span.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+    return out.masked_fill(~valid, 0.0)
+
+
+def importance(hidden: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """I = Norm(||h_i||_1) * Norm(sum_{h, j} A[h, j, i]) per token [B, N]; padding queries add nothing."""
+    sem = hidden.float().abs().sum(dim=-1)
+    centrality = (probs * valid[:, None, :, None]).sum(dim=(1, 2))
+    return minmax(sem, valid) * minmax(centrality, valid)
+
+
+def select_tokens(scores: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor,
+                  keep_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices to keep per row, sorted ascending: (index [B, K], slot valid [B, K]).
+
+    Row b keeps min(N_b, max(floor(keep_ratio * N_b), protected_b)) of its N_b valid
+    positions: every protected one, then the highest scores (stable: ties go to the earlier).
+    """
+    n_valid = valid.sum(dim=1)
+    protected = protected & valid
+    n_keep = torch.floor(n_valid.double() * keep_ratio).long()
+    n_keep = torch.minimum(n_valid, torch.maximum(n_keep, protected.sum(dim=1)))
+    ranked = scores.float().masked_fill(protected, float("inf")).masked_fill(~valid, float("-inf"))
+    order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
+    width = int(n_keep.max())
+    top = order[:, :width]
+    slot_ok = torch.arange(width, device=scores.device)[None, :] < n_keep[:, None]
+    big = scores.shape[1]  # sorts the unused slots last
+    index = torch.sort(top.masked_fill(~slot_ok, big), dim=1).values
+    return index.masked_fill(~slot_ok, 0), slot_ok
+
+
+def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_window: int) -> torch.Tensor:
+    """[B, N] True at the last ``recent_window`` real positions and at every labelled position."""
+    n_valid = valid.sum(dim=1, keepdim=True)
+    pos = torch.arange(valid.shape[1], device=valid.device)[None, :]
+    return valid & ((pos >= n_valid - recent_window) | (targets != IGNORE_INDEX))
+
+
+def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   targets: torch.Tensor | None, settings: SapSettings) -> Pruned:
+    """Run the decoder with SAP: full length up to layer ``settings.layer``, the kept tokens after it.
+
+    ``attention_mask`` is the right-padded 2D mask; ``targets`` (or None) marks positions
+    that must survive. Returns the final-normed hidden states of the kept tokens.
+    """
+    decoder = _decoder(model)
+    _check_layers(decoder, settings.layer)
+    valid = attention_mask.bool()
+    hidden = decoder.embed_tokens(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
+    rope = decoder.rotary_emb(hidden, position_ids=positions)
+    mask = _mask(decoder, hidden, valid)
+    for layer in decoder.layers[: settings.layer - 1]:
+        hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
+    scoring_layer = decoder.layers[settings.layer - 1]
+    with torch.no_grad():
+        probs = attention_probs(scoring_layer, hidden, rope, valid)
+    hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
+                           use_cache=False)
+    with torch.no_grad():
+        scores = importance(hidden, probs, valid)
+        del probs
+        keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
+        protected = protected_positions(keep_targets, valid, settings.recent_window)
+        index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
+    hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    rope = decoder.rotary_emb(hidden, position_ids=index)  # original positions
+    mask = _mask(decoder, hidden, slot_ok)
+    for layer in decoder.layers[settings.layer:]:
+        hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
+    return Pruned(decoder.norm(hidden), index, slot_ok)
+
+
+def next_targets(targets: torch.Tensor) -> torch.Tensor:
+    """targets shifted left by one: at position t, the token after ``targets[t]`` (IGNORE_INDEX at the end)."""
+    out = torch.full_like(targets, IGNORE_INDEX)
+    out[:, :-1] = targets[:, 1:]
+    return out
+
+
+class StampLoss:
+    """The engine loss with SAP and/or MAP: summed main CE (+ ``mtp_weight`` * summed auxiliary CE).
+
+    ``rows`` restricts the softmax to those vocabulary rows (sid_softmax), for both losses.
+    """
+
+    def __init__(self, rows: Sequence[int] | None = None, sap: SapSettings | None = None, mtp: bool = False,
+                 mtp_lambda: float = 0.3, mtp_weight: float = 0.1):
+        self.token_loss = TokenLoss(rows)
+        self.sap, self.mtp, self.mtp_lambda, self.mtp_weight = sap, mtp, mtp_lambda, mtp_weight
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        decoder = _decoder(model)
+        targets = batch["targets"]
+        following = next_targets(targets)
+        if self.sap is not None:
+            pruned = pruned_forward(model, batch["input_ids"], batch["attention_mask"], targets, self.sap)
+            hidden = pruned.hidden
+            targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
+            following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
+        else:
+            out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+            hidden = out.last_hidden_state
+        keep = targets != IGNORE_INDEX
+        loss = self.token_loss.cross_entropy(model, hidden[keep], targets[keep])
+        if self.mtp:
+            both = keep & (following != IGNORE_INDEX)
+            future = decoder.norm(decoder.embed_tokens(targets[both]))
+            foresight = (1.0 - self.mtp_lambda) * hidden[both] + self.mtp_lambda * future
+            loss = loss + self.mtp_weight * self.token_loss.cross_entropy(model, foresight, following[both])
+        return loss

@@ -1,0 +1,70 @@
+"""gencli profile end to end: ingest -> embed (shared) -> quantize -> init-vocab tiny -> profile, as a workspace step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(workdir, *args, json_mode=True):
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), *(["--json"] if json_mode else [])])
+    payload = json.loads(result.stdout.strip().splitlines()[-1]) if json_mode and result.stdout.strip() else {}
+    return result, payload
+
+
+@pytest.fixture(scope="module")
+def tiny_workdir(embedded_workdir, tmp_path_factory):
+    wd = tmp_path_factory.mktemp("profile") / "work"
+    shutil.copytree(embedded_workdir, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"]):
+        r, _ = _run(wd, *args)
+        assert r.exit_code == 0, r.output
+    return wd
+
+
+def test_profile_is_a_workspace_step_with_a_json_and_a_table(tiny_workdir):
+    wd = tiny_workdir
+    args = ["profile", "--variants", "base,stamp", "--steps", "1", "--warmup-steps", "1", "--device", "cpu"]
+    r, payload = _run(wd, *args)
+    assert r.exit_code == 0, r.output
+    assert payload["status"] == "done" and payload["metrics"]["model_step"] == "init-vocab"
+    rows = payload["metrics"]["variants"]
+    assert [row["variant"] for row in rows] == ["base", "stamp"] and rows[0]["speedup"] == 1.0
+    assert rows[1]["activation_mb"] < rows[0]["activation_mb"]
+    saved = json.loads((wd / "profile" / "profile.json").read_text())
+    assert saved["variants"] == rows and saved["batch_size"] == 32  # sft's defaults (sft has not run)
+    record = json.loads((wd / "profile" / "step.json").read_text())
+    assert record["params"]["variants"] == ["base", "stamp"] and set(record["inputs"]) == {"ingest", "quantize",
+                                                                                         "init-vocab"}
+    assert not (wd / "init-vocab" / "model" / "checkpoints").exists()
+
+    r, _ = _run(wd, *args, "--force", json_mode=False)  # the human table
+    assert r.exit_code == 0, r.output
+    assert "tokens/s" in r.output and "speedup" in r.output and "activations MB" in r.output
+    assert r.output.count("│ stamp ") == 2  # one row per table (time, memory)
+
+    r, payload = _run(wd, *args)
+    assert payload["status"] == "up-to-date"
+
+
+def test_profile_rejects_unknown_variants_and_missing_upstream(tiny_workdir, tmp_path):
+    r, payload = _run(tiny_workdir, "profile", "--variants", "base,turbo")
+    assert r.exit_code == 2 and "turbo" in payload["error"]
+    r, payload = _run(tmp_path / "empty", "profile")
+    assert r.exit_code != 0 and "run `gencli init-vocab" in payload["error"]
