@@ -1,0 +1,88 @@
+"""Shared helpers of the bench scripts: run gencli commands in-process, fetch and prepare the datasets.
+
+Commands go through click's CliRunner (the same code path as the shell command, minus the
+~4 s of interpreter + torch start-up per call), with ``--json`` so each returns one JSON object.
+Data never lands in git: everything is written under ``bench/.cache`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / "bench" / ".cache"
+SAMPLE = REPO / "sample_data"
+RECBOLE_WHEEL = "recbole==1.2.1"
+ML100K_IN_WHEEL = "recbole/dataset_example/ml-100k/"
+# An already unzipped copy, used when present (saves the download).
+ML100K_UNZIPPED = Path("/tmp/recbole/recbole/dataset_example/ml-100k")
+DATASETS = ("sample", "ml100k")
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
+    """Run ``gencli ARGS --workdir W --json`` in this process; return its JSON object (raises on a non-zero exit)."""
+    from click.testing import CliRunner
+
+    from gencli.cli import cli
+
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"], catch_exceptions=False)
+    out = getattr(result, "stdout", result.output)
+    lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
+    if result.exit_code != 0 or not lines:
+        raise RuntimeError(f"gencli {' '.join(args)} failed (exit {result.exit_code}):\n{result.output[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def ml100k_folder() -> Path:
+    """The RecBole copy of MovieLens-100k: the unzipped /tmp copy, else extracted from the recbole wheel."""
+    if (ML100K_UNZIPPED / "ml-100k.inter").is_file():
+        return ML100K_UNZIPPED
+    target = CACHE / "recbole"
+    folder = target / ML100K_IN_WHEEL
+    if (folder / "ml-100k.inter").is_file():
+        return folder
+    wheels = CACHE / "wheels"
+    found = sorted(wheels.glob("recbole-1.2.1-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", RECBOLE_WHEEL, "-d", str(wheels)],
+                       check=True)
+        found = sorted(wheels.glob("recbole-1.2.1-*.whl"))
+    with zipfile.ZipFile(found[0]) as zf:
+        zf.extractall(target, [n for n in zf.namelist() if n.startswith(ML100K_IN_WHEEL)])
+    return folder
+
+
+def ingest_args(dataset: str) -> list[str]:
+    """The ingest command line of a bench dataset (5-core, leave-one-out: the defaults)."""
+    if dataset == "sample":
+        return ["ingest", "--items", str(SAMPLE / "items.csv"), "--interactions", str(SAMPLE / "interactions.csv")]
+    if dataset == "ml100k":
+        return ["ingest", "--format", "movielens", "--items", str(ml100k_folder())]
+    raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+
+
+def prepare_shared(dataset: str, workdir: Path, levels: int, codes: int, seed: int = 0) -> dict[str, Any]:
+    """ingest + embed + quantize into ``workdir`` (up-to-date steps are skipped); returns each step's metrics."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return {
+        "ingest": gencli(ingest_args(dataset), workdir)["metrics"],
+        "embed": gencli(["embed"], workdir)["metrics"],
+        "quantize": gencli(["quantize", "--levels", str(levels), "--codes", str(codes), "--seed", str(seed)],
+                           workdir)["metrics"],
+    }
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temp file + rename, so a crash never leaves a half-written results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
