@@ -57,7 +57,7 @@ def results_table(title: str, rows: dict[str, dict[str, Any]]):
     cols = sorted({k for block in rows.values() for k in block if "@" in k},
                   key=lambda k: (not k.startswith("recall"), int(k.split("@")[1])))
     table = Table(title=title)
-    table.add_column("")
+    table.add_column("", no_wrap=True)
     table.add_column("users", justify="right")
     for col in cols:
         table.add_column(col, justify="right")
