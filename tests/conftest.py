@@ -58,3 +58,14 @@ def embedded_workdir(tmp_path_factory) -> Path:
         result = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
         assert result.exit_code == 0, result.output
     return wd
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

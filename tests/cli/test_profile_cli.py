@@ -10,16 +10,7 @@ from click.testing import CliRunner
 
 from gencli.cli import cli
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(workdir, *args, json_mode=True):

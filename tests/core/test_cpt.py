@@ -2,56 +2,25 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from tokenizers import AddedToken
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from factories import build_sid_model
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts, cpt
-from gencli.core.backbone import train_tiny_tokenizer
 from gencli.core.engine import IGNORE_INDEX
 from gencli.core.prompt import item_token_ids, load_sid_vocab
 
-LEVELS = [4, 4, 2]  # two quantizer levels + dedup
 TEXTS = [f"red {w} shoe number {i}" if i % 3 else f"blue {w} hat" for i, w in
          enumerate(["wool", "silk", "cotton", "linen", "felt", "suede", "denim", "canvas"] * 2)]
 CODES = np.array([[i % 4, (i // 4) % 4, i // 8] for i in range(16)])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def build_sid_model(folder: Path, tied: bool = True) -> tuple[Path, Path]:
-    """A tiny Qwen3 + BPE tokenizer with SID tokens appended; returns (model dir, sid_vocab.json)."""
-    tok = train_tiny_tokenizer(TEXTS, vocab_size=300)
-    base = len(tok)
-    names = [artifacts.sid_token(lv, k) for lv, size in enumerate(LEVELS) for k in range(size)]
-    tok.add_tokens([AddedToken(n, special=True, normalized=False) for n in names], special_tokens=True)
-    ids = tok.convert_tokens_to_ids(names)
-    token_ids = [ids[sum(LEVELS[:lv]):sum(LEVELS[: lv + 1])] for lv in range(len(LEVELS))]
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=128,
-                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config)
-    model_dir = folder / "model"
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    vocab_path = folder / artifacts.SID_VOCAB
-    vocab_path.write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2, "pad_id": 3,
-                                      "base_vocab_size": base}))
-    return model_dir, vocab_path
 
 
 def train_cfg(**kw) -> TrainConfig:
@@ -62,7 +31,7 @@ def train_cfg(**kw) -> TrainConfig:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_cpt_changes_only_the_new_rows(tmp_path, tied):
-    model_dir, vocab_path = build_sid_model(tmp_path / "in", tied=tied)
+    model_dir, vocab_path = build_sid_model(tmp_path / "in", TEXTS, tied=tied)
     before = Qwen3ForCausalLM.from_pretrained(model_dir).state_dict()
     out = tmp_path / "cpt"
     metrics = cpt.run(train_cfg(text_to_sid=True), model_dir, vocab_path, CODES, TEXTS, out)
@@ -107,7 +76,7 @@ def test_cpt_examples_put_the_loss_on_text_then_on_sids():
 
 
 def test_text_tokens_are_truncated(tmp_path):
-    model_dir, vocab_path = build_sid_model(tmp_path)
+    model_dir, vocab_path = build_sid_model(tmp_path, TEXTS)
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = cpt.text_token_ids(tok, TEXTS[:2] + [""], max_tokens=3)
     assert [len(x) for x in ids] == [3, 3, 0]

@@ -31,13 +31,7 @@ VOCAB = 48
 PAD = 0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls (10x here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:

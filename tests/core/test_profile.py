@@ -3,51 +3,23 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-import torch
-from tokenizers import AddedToken
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import build_sid_model
 
 from gencli.config import ProfileConfig, TrainConfig
-from gencli.core import artifacts, profile
+from gencli.core import profile
 from gencli.errors import ConfigError, InputError
 from gencli.workspace.hashing import sha256_file
 
-LEVELS = [4, 4, 2]
 CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def sid_model(folder: Path) -> tuple[Path, Path]:
-    from gencli.core.backbone import train_tiny_tokenizer
-
-    tok = train_tiny_tokenizer([f"item {i} text" for i in range(50)], vocab_size=300)
-    base = len(tok)
-    names = [artifacts.sid_token(lv, k) for lv, size in enumerate(LEVELS) for k in range(size)]
-    tok.add_tokens([AddedToken(n, special=True, normalized=False) for n in names], special_tokens=True)
-    ids = tok.convert_tokens_to_ids(names)
-    token_ids = [ids[sum(LEVELS[:lv]):sum(LEVELS[: lv + 1])] for lv in range(len(LEVELS))]
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(folder / "model")
-    tok.save_pretrained(folder / "model")
-    vocab_path = folder / artifacts.SID_VOCAB
-    vocab_path.write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2, "pad_id": 3,
-                                      "base_vocab_size": base}))
-    return folder / "model", vocab_path
 
 
 def train_split(n_users: int = 16) -> pl.DataFrame:
@@ -58,7 +30,7 @@ def train_split(n_users: int = 16) -> pl.DataFrame:
 
 
 def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
-    model_dir, vocab_path = sid_model(tmp_path)
+    model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     before = {p.name: sha256_file(p) for p in model_dir.iterdir()}
     train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, stamp_layer=1, keep_ratio=0.5,
                             recent_window=4, sid_softmax=True)
@@ -86,7 +58,7 @@ def test_variant_flags_and_config_checks(tmp_path):
     assert (stamp.sap, stamp.map, stamp.keep_ratio) == (True, True, 0.3)
     with pytest.raises(ConfigError, match="unknown fast"):
         ProfileConfig(variants=("base", "fast"))
-    model_dir, vocab_path = sid_model(tmp_path)
+    model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     with pytest.raises(InputError, match="profile needs 51"):
         profile.run(ProfileConfig(steps=50, device="cpu"), TrainConfig(batch_size=8), model_dir, vocab_path, CODES,
                     train_split(4), tmp_path / "out")

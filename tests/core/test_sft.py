@@ -3,55 +3,27 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
-from tokenizers import AddedToken
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import build_sid_model
+from transformers import Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts, sft
-from gencli.core.backbone import train_tiny_tokenizer
 from gencli.core.engine import IGNORE_INDEX, TokenLoss, collate
 from gencli.core.prompt import SidVocab, item_token_ids, load_sid_vocab
 
-LEVELS = [4, 4, 2]  # two quantizer levels + dedup
 CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
 VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,
                  base_vocab_size=100)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def build_sid_model(folder: Path) -> tuple[Path, Path]:
-    """A tiny Qwen3 + BPE tokenizer with SID tokens appended; returns (model dir, sid_vocab.json)."""
-    tok = train_tiny_tokenizer([f"item {i} text" for i in range(50)], vocab_size=300)
-    base = len(tok)
-    names = [artifacts.sid_token(lv, k) for lv, size in enumerate(LEVELS) for k in range(size)]
-    tok.add_tokens([AddedToken(n, special=True, normalized=False) for n in names], special_tokens=True)
-    ids = tok.convert_tokens_to_ids(names)
-    token_ids = [ids[sum(LEVELS[:lv]):sum(LEVELS[: lv + 1])] for lv in range(len(LEVELS))]
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=128,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=3)
-    torch.manual_seed(0)
-    model_dir = folder / "model"
-    Qwen3ForCausalLM(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    vocab_path = folder / artifacts.SID_VOCAB
-    vocab_path.write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2, "pad_id": 3,
-                                      "base_vocab_size": base}))
-    return model_dir, vocab_path
 
 
 def toy_splits(n_users: int = 12, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -15,12 +15,7 @@ SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_h
              intermediate_size=64, max_position_embeddings=128, pad_token_id=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(family: str, attn: str = "sdpa"):
