@@ -14,7 +14,7 @@ def emit_json(payload: dict[str, Any]) -> None:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+        return f"{v:.4g}" if abs(v) < 1e3 else f"{v:,.0f}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return str(v)
@@ -56,11 +56,11 @@ def results_table(title: str, rows: dict[str, dict[str, Any]]):
 
     cols = sorted({k for block in rows.values() for k in block if "@" in k},
                   key=lambda k: (not k.startswith("recall"), int(k.split("@")[1])))
-    table = Table(title=title)
+    table = Table(title=title, caption="R@K = Recall@K, N@K = NDCG@K")
     table.add_column("", no_wrap=True)
     table.add_column("users", justify="right")
-    for col in cols:
-        table.add_column(col, justify="right")
+    for col in cols:  # short headers so the table fits an 80-column terminal
+        table.add_column(col.replace("recall", "R").replace("ndcg", "N"), justify="right")
     for label, block in rows.items():
         table.add_row(label, _fmt(block.get("users", "")), *[f"{block[k]:.4f}" if k in block else "" for k in cols])
     return table
