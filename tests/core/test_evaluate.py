@@ -5,8 +5,8 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import tiny_qwen3
+from transformers import Qwen3ForCausalLM
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
@@ -22,17 +22,7 @@ BASE = 30
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=BASE + sum(LEVELS),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-    )
-    Qwen3ForCausalLM(cfg).save_pretrained(root / "model")
+    tiny_qwen3(BASE + sum(LEVELS)).save_pretrained(root / "model")
     offsets = np.cumsum([BASE, *LEVELS[:-1]])
     vocab = SidVocab(
         [list(range(o, o + k)) for o, k in zip(offsets, LEVELS, strict=True)],

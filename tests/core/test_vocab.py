@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
+import factories
 import numpy as np
 import pytest
 import torch
@@ -16,23 +16,16 @@ from gencli.core.backbone import build_tiny, save_model, tiny_config, train_tiny
 from gencli.core.gti import GTI_LOSS_FILE
 from gencli.errors import ArtifactError, InputError
 
-ROOT = Path(__file__).resolve().parents[2]
 D_MODEL = 128  # hidden size of the tiny preset
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core box two threads spin-wait (25x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 
 def catalog_texts(n: int = 120) -> list[str]:
-    with open(ROOT / "sample_data" / "items.csv", newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))[:n]
-    return [f"{r['title']}. {r['category']}. {r['description']}" for r in rows]
+    return factories.catalog_texts(n)
 
 
 TEXTS = catalog_texts()
