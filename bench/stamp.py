@@ -16,8 +16,11 @@ Numbers print as markdown tables (for docs/benchmarks.md) and land in ``--out`` 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
+import shutil
 import statistics
 import sys
 import time
@@ -30,12 +33,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.config import TrainConfig  # noqa: E402
 from gencli.core import artifacts, data, engine, profile, quantize, sft  # noqa: E402
+from gencli.core.device import resolve_device  # noqa: E402
 from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
 
 
 def inputs(workdir: Path, model_step: str):
     folder = workdir / model_step
     return folder / artifacts.MODEL_DIR, folder / artifacts.SID_VOCAB, quantize.load_item_codes(workdir / "quantize")
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu"
 
 
 def long_users(train, depth: int, min_tokens: int, max_history: int):
@@ -50,7 +60,8 @@ def speed(args) -> dict:
     vocab = load_sid_vocab(vocab_path)
     depth = codes.shape[1]
     train = long_users(data.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
-    base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device="cpu",
+    device = resolve_device(args.device)
+    base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
                            stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window)
     dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1)
     order = engine.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
@@ -61,7 +72,7 @@ def speed(args) -> dict:
         for v in variants:
             cfg = dataclasses.replace(base_cfg, **_grid_overrides(v))
             rec = profile.profile_variant(_variant_kind(v), cfg, model_dir, dataset, batches, vocab.pad_id, None,
-                                          torch.device("cpu"), 1)
+                                          device, 1)
             results[v].append(rec)
             print(f"round {r} {v}: {rec['tokens_per_s']} tok/s ({rec['tokens_per_cpu_s']} per CPU s), activations {rec['activation_mb']} MB, "
                   f"peak RSS +{rec['peak_mem_mb']} MB", flush=True)
@@ -87,11 +98,13 @@ def speed(args) -> dict:
                      "optimizer_s": statistics.median(x["optimizer_s"] for x in results[v])})
     lengths = dataset.lengths()
     out = {"users": train.height, "mean_tokens": round(float(lengths.mean()), 1), "min_tokens": int(lengths.min()),
-           "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds, "threads": 1, "rows": rows}
+           "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds, "threads": 1,
+           "device": describe_device(device), "rows": rows}
+    mem = "peak CUDA allocated +MB" if device.type == "cuda" else "peak RSS +MB"
     print(f"\n{train.height} samples, {out['mean_tokens']} tokens/sample (min {out['min_tokens']}), batch "
-          f"{args.batch_size}, {args.steps} timed steps x {args.rounds} rounds, 1 thread\n")
+          f"{args.batch_size}, {args.steps} timed steps x {args.rounds} rounds, 1 thread, {out['device']}\n")
     print("| variant | tokens/s | speedup (median; per round) | tokens/CPU-s | CPU speedup (median; per round) | "
-          "fwd s | bwd s | optim s | activations MB | activ. -% | peak RSS +MB | RSS -% |")
+          f"fwd s | bwd s | optim s | activations MB | activ. -% | {mem} | mem -% |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rss_red = "" if r["rss_reduction"] is None else f"{100 * r['rss_reduction']:.0f}%"
@@ -119,43 +132,65 @@ def _variant_kind(name: str) -> str:
     return name.split("-")[0]
 
 
-def recall(args) -> dict:
-    """Train sft from the same model for the same steps per variant; validation Recall@5 at the end."""
+def _recall_run(args, seed: int, variant: str) -> dict:
+    """One sft run from the init-vocab model: ``variant`` for ``args.max_steps`` steps, then validation Recall@5."""
+    torch.set_num_threads(1)
     model_dir, vocab_path, codes = inputs(args.workdir, args.model_step)
     ingest = args.workdir / "ingest"
     train, valid = data.load_split(ingest, "train"), data.load_split(ingest, "valid")
-    rows = []
-    for seed, v in [(seed, v) for seed in range(args.seeds) for v in args.variants.split(",")]:
-        sap, mtp = profile.VARIANT_FLAGS[v]
-        cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, max_history=args.max_history,
-                          eval_users=args.eval_users, eval_beams=10, device="cpu", sap=sap, map=mtp,
-                          stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window,
-                          mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50, keep_checkpoints=1, sid_softmax=args.sid_softmax)
-        out_dir = args.out.parent / f"recall-{v}"
-        t0 = time.perf_counter()
-        m = sft.run(cfg, model_dir, vocab_path, codes, train, valid, out_dir)
-        rows.append({"variant": v, "seed": seed, "recall@5": m["final_recall@5"], "train_loss": m["train_loss"],
-                     "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
-                     "wall_s": round(time.perf_counter() - t0, 1)})
-        print(rows[-1], flush=True)
+    sap, mtp = profile.VARIANT_FLAGS[variant]
+    cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                      max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
+                      device=args.device, eval_every=args.eval_every, sap=sap, map=mtp, stamp_layer=args.layer, keep_ratio=args.keep_ratio,
+                      recent_window=args.window, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
+                      keep_checkpoints=1, sid_softmax=args.sid_softmax)
+    out_dir = args.out.parent / f"recall-{variant}-s{seed}"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    t0 = time.perf_counter()
+    m = sft.run(cfg, model_dir, vocab_path, codes, train, valid, out_dir)
+    if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
+        shutil.rmtree(out_dir, ignore_errors=True)
+    row = {"variant": variant, "seed": seed, "recall@5": m["final_recall@5"], "train_loss": m["train_loss"],
+           "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
+           "wall_s": round(time.perf_counter() - t0, 1), "valid_curve": m["valid_curve"]}
+    print(row, flush=True)
+    return row
+
+
+def recall(args) -> dict:
+    """Train sft from the same model for the same steps per variant; validation Recall@5 at the end.
+
+    ``--jobs N`` runs N (seed, variant) runs at once in separate processes (on a GPU small models
+    leave most of the chip idle, so runs side by side cost little more than one).
+    """
+    runs = [(seed, v) for seed in args.seed_list for v in args.variants.split(",")]
+    if args.jobs > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+            rows = list(pool.map(_recall_run, [args] * len(runs), *zip(*runs, strict=True)))
+    else:
+        rows = [_recall_run(args, seed, v) for seed, v in runs]
     print(f"\n{args.max_steps} steps x batch {args.batch_size}, lr {args.lr}, max_history {args.max_history}, "
           f"SAP L={args.layer} alpha={args.keep_ratio} W={args.window}, MAP lambda={args.mtp_lambda} "
-          f"weight={args.mtp_weight}, "
-          f"validation users {args.eval_users or 'all'}, seeds 0..{args.seeds - 1} (batch order)\n")
-    print("| variant | Recall@5 per seed | mean | relative to base | train tokens/s (mean) |")
-    print("|---|---|---|---|---|")
-    means = {}
-    for v in args.variants.split(","):
-        mine = [r for r in rows if r["variant"] == v]
-        means[v] = statistics.mean(r["recall@5"] for r in mine)
-    ref = means[args.variants.split(",")[0]]
-    for v, mean in means.items():
-        mine = [r for r in rows if r["variant"] == v]
-        rel = f"{100 * (mean / ref - 1):+.1f}%" if ref else "n/a"
+          f"weight={args.mtp_weight}, validation users {args.eval_users or 'all'} ({args.eval_beams} beams), "
+          f"seeds {','.join(map(str, args.seed_list))} (batch order), device {args.device}\n")
+    print("| variant | Recall@5 per seed | mean | relative to base | paired diff (mean) | train tokens/s (mean) |")
+    print("|---|---|---|---|---|---|")
+    variants = args.variants.split(",")
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    ref = variants[0]
+    ref_mean = statistics.mean(by[ref, s]["recall@5"] for s in args.seed_list)
+    for v in variants:
+        mine = [by[v, s] for s in args.seed_list]
+        mean = statistics.mean(r["recall@5"] for r in mine)
+        rel = f"{100 * (mean / ref_mean - 1):+.1f}%" if ref_mean else "n/a"
+        paired = statistics.mean(by[v, s]["recall@5"] - by[ref, s]["recall@5"] for s in args.seed_list)
         tps = statistics.mean(r["tokens_per_s"] for r in mine)
         per_seed = ", ".join(f"{r['recall@5']:.4f}" for r in mine)
-        print(f"| {v} | {per_seed} | {mean:.4f} | {rel} | {tps:.0f} |")
-    return {"max_steps": args.max_steps, "batch_size": args.batch_size, "rows": rows}
+        print(f"| {v} | {per_seed} | {mean:.4f} | {rel} | {paired:+.4f} | {tps:.0f} |")
+    return {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "device": args.device,
+            "eval_users": args.eval_users, "rows": rows}
 
 
 def main() -> None:
@@ -179,11 +214,17 @@ def main() -> None:
     p.add_argument("--eval-users", type=int, default=200)
     p.add_argument("--sid-softmax", action="store_true")
     p.add_argument("--seeds", type=int, default=1, help="recall: repeat with batch-order seeds 0..N-1")
+    p.add_argument("--eval-beams", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=0, help="recall: also validate every N steps (a curve per run)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (speed: CUDA peak allocated memory on a GPU)")
+    p.add_argument("--jobs", type=int, default=1, help="recall: runs side by side in separate processes")
+    p.add_argument("--keep-models", action="store_true", help="recall: keep each run's sft folder")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)  # shared CPU: one thread per process keeps contention noise down
     args.out = args.out or Path("/tmp/stamp-bench") / f"{args.what}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.seed_list = list(range(args.seeds))
     if args.what == "speed":
         args.variants = args.variants or "base,sap,map,stamp"
         result = speed(args)
