@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -41,14 +42,30 @@ class LazyGroup(click.Group):
         return importlib.util.find_spec(f"gencli.cli.{module}") is not None
 
 
+def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise click.BadParameter(
+            f"{value} is negative; use 0 for torch's default or a positive number of CPU threads"
+        )
+    return value
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gencli")
-def cli() -> None:
+@click.option("--threads", type=int, default=None, envvar="GENCLI_THREADS", show_envvar=True, metavar="N",
+              callback=_check_threads,
+              help="CPU threads torch may use per gencli process (0 = torch default); lower it when several jobs "
+                   "share a few cores.")
+def cli(threads: int | None) -> None:
     """Generative recommendation with semantic IDs: catalog + logs -> a causal LM that emits the next item's SID.
 
     Steps share a workdir (--workdir, default ./gencli-work or $GENCLI_WORKDIR) and pass
     artifacts through its manifest. Exit codes: 0 ok, 1 failure, 2 bad input, 3 workdir locked.
     """
+    # torch is not imported here (--help stays instant); execute() applies the setting before a step's work.
+    # The environment carries it to the steps `gencli run` invokes in-process.
+    if threads is not None:
+        os.environ["GENCLI_THREADS"] = str(threads)
 
 
 def main() -> None:

@@ -96,6 +96,7 @@ def execute(
             else:
                 print_step_result(step, "up-to-date", record["metrics"], None, str(ws.step_dir(step)))
             return record["metrics"]
+        apply_threads()
         metrics = body(run, ws, make_progress(json_mode))
         record = ws.commit(run, metrics, argv=sys.argv)
     except BaseException as error:  # noqa: BLE001 - every failure becomes a clear message + exit code
@@ -120,7 +121,6 @@ def resume_capable(step: str) -> bool:
     return step in ("cpt", "sft")
 
 
-
 def build_config(cls: type, json_mode: bool, **fields: Any) -> Any:
     """Construct a step config; invalid options exit 2 with every problem listed."""
     try:
@@ -135,6 +135,21 @@ def require(condition: bool, message: str, json_mode: bool) -> None:
         from gencli.errors import InputError
 
         fail(InputError(message), json_mode)
+
+
+def apply_threads() -> None:
+    """``gencli --threads N`` / $GENCLI_THREADS (validated by the group): cap torch's CPU threads before work starts,
+    so several jobs on a few cores do not oversubscribe them. 0 or unset leaves torch's default."""
+    n = int(os.environ.get("GENCLI_THREADS") or 0)
+    if n <= 0:
+        return
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:  # torch allows it once, before any inter-op work (a later step in the same process)
+        pass
 
 
 def quiet_libraries() -> None:

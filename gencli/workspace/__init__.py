@@ -6,6 +6,7 @@ Layout::
       manifest.json         index of finished steps (atomic writes)
       .lock                 flock held while a step runs
       .staging/<step>/      a step's output while it runs (renamed into place at the end)
+      .staging/<step>.commit.json   journal of a commit in progress (see journal.py)
       <step>/step.json      params, inputs, outputs, metrics, timing, versions, argv, status
       <step>/...            the step's artifacts
 
@@ -23,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gencli.errors import ArtifactError, InputError
+from gencli.errors import ArtifactError, InputError, LockedError
 from gencli.workspace.env import package_versions
-from gencli.workspace.hashing import describe_outputs, outputs_digest, sha256_file, sha256_json
+from gencli.workspace.hashing import describe_outputs, sha256_file, sha256_json
+from gencli.workspace.journal import STAGING, STEP_JSON, pending, settle, write_journal
 from gencli.workspace.lock import WorkdirLock
 from gencli.workspace.manifest import Manifest, read_json, write_json_atomic
 
-STEP_JSON = "step.json"
-STAGING = ".staging"
 DEFAULT_WORKDIR = "gencli-work"
 
 # Which step produces what a step needs; used for staleness and for the error that says what to run first.
@@ -73,6 +73,30 @@ class Workspace:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.lock = WorkdirLock(self.root) if self.root.exists() else None
+        if self.lock is not None:
+            self.recover()
+
+    def recover(self) -> list[str]:
+        """Settle commits a killed run left half-done (see journal.py) before anything reads the manifest.
+
+        Runs when a workspace is opened and again under the lock in :meth:`begin`. When another process holds
+        the lock it is skipped: that process is either committing right now or settled it in its own begin.
+        """
+        names = pending(self.root)  # one directory listing: the common case costs nothing more
+        if not names:
+            return []
+        held = self.lock is not None and self.lock.held
+        if not held:
+            try:
+                self.lock = WorkdirLock(self.root)
+                self.lock.acquire("recover")
+            except LockedError:
+                return []
+        try:
+            return [name for name in names if settle(self.root, name) != "none"]
+        finally:
+            if not held:
+                self.lock.release()
 
     # ---- reading -------------------------------------------------------------------------------
     @property
@@ -157,6 +181,7 @@ class Workspace:
         self.lock = WorkdirLock(self.root)
         self.lock.acquire(name)
         try:
+            self.recover()
             inputs: dict[str, dict[str, Any]] = {}
             m = self.manifest
             for up in upstream:
@@ -187,34 +212,13 @@ class Workspace:
             raise
 
     def commit(self, run: StepRun, metrics: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-        """Describe outputs, write step.json (done), swap the folder into place, update the manifest."""
+        """Describe outputs, write step.json (done) and the commit journal, then swap the folder into place and
+        update the manifest through the same :func:`settle` that repairs a killed commit."""
         outputs = describe_outputs(run.out_dir)
         record = self._record(run, status="done", metrics=metrics, outputs=outputs, argv=argv)
         write_json_atomic(run.out_dir / STEP_JSON, record)
-        final = self.step_dir(run.name)
-        trash = self.root / STAGING / f"{run.name}.old"
-        if trash.exists():
-            shutil.rmtree(trash)
-        if final.exists():
-            os.replace(final, trash)
-        os.replace(run.out_dir, final)
-        digest = outputs_digest(outputs)
-        self.manifest.record_done(
-            run.name,
-            {
-                "status": "done",
-                "dir": run.name,
-                "fingerprint": run.fingerprint,
-                "digest": digest,
-                "bytes": sum(o["bytes"] for o in outputs),
-                "inputs": run.inputs,
-                "finished": record["timing"]["finished"],
-                "seconds": record["timing"]["seconds"],
-                "metrics": _scalar_metrics(metrics),
-            },
-        )
-        if trash.exists():
-            shutil.rmtree(trash, ignore_errors=True)
+        write_journal(self.root, run.name)
+        settle(self.root, run.name)
         return record
 
     def abort(self, run: StepRun, error: BaseException, keep_staging: bool = False) -> None:
@@ -281,18 +285,6 @@ def _describe_file(path: Path, key: str) -> dict[str, Any]:
         }
     st = path.stat()
     return {"path": str(path.resolve()), "sha256": sha256_file(path), "bytes": st.st_size, "mtime": st.st_mtime}
-
-
-def _scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested metrics to scalar leaves for the manifest summary (lists are left out)."""
-    flat: dict[str, Any] = {}
-    for k, v in metrics.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            flat.update(_scalar_metrics(v, prefix=f"{key}."))
-        elif isinstance(v, (int, float, str, bool)) or v is None:
-            flat[key] = v
-    return flat
 
 
 __all__ = ["Workspace", "StepRun", "UPSTREAM", "STEP_ORDER", "default_workdir", "read_json", "write_json_atomic"]

@@ -9,11 +9,18 @@ from importlib import metadata
 PACKAGES = ("gencli", "torch", "transformers", "sentence-transformers", "polars", "numpy", "tokenizers")
 
 
-def package_versions() -> dict[str, str]:
-    versions = {"python": sys.version.split()[0], "platform": platform.platform()}
+def package_versions() -> dict[str, str | int | None]:
+    versions: dict[str, str | int | None] = {"python": sys.version.split()[0], "platform": platform.platform()}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
+    versions["torch_threads"] = torch_threads()
     return versions
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op CPU threads in this process (``--threads``), or None when the step never loaded torch."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

@@ -40,6 +40,11 @@ class WorkdirLock:
         os.fsync(fd)
         self._fd = fd
 
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
     def release(self) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
