@@ -218,9 +218,21 @@ class EvalConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    prune: bool = False
+    """STAMP SAP on the history at prefill: the whole model prefills only the kept prompt tokens."""
+    prune_layer: int = 2
+    """prune: layers 1..L score every prompt token (the last of them scores; < layers). Default = sft's --stamp-layer."""
+    prune_keep_ratio: float = 0.5
+    """prune: fraction alpha of each prompt's tokens kept, floor(alpha * N). Default = sft's --keep-ratio."""
+    prune_window: int = 16
+    """prune: the last W prompt tokens are always kept (shorter prompts stay whole). Default = sft's --recent-window."""
 
     def __post_init__(self) -> None:
         c = _Checks("eval")
+        c.require(self.prune_layer >= 1, f"--prune-layer must be >= 1 (got {self.prune_layer})")
+        c.require(0 < self.prune_keep_ratio <= 1, f"--prune-keep-ratio must be in (0, 1] (got {self.prune_keep_ratio})")
+        c.require(self.prune_window >= 1,
+                  f"--prune-window must be >= 1: decoding starts from the last prompt token (got {self.prune_window})")
         c.choice("model-step", self.model_step, ("auto", "sft", "cpt", "init-vocab"))
         c.choice("split", self.split, ("test", "valid"))
         c.positive("beams", self.beams)

@@ -26,6 +26,15 @@ def _eval_options(f):
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True),
+        click.option("--prune/--no-prune", default=False, show_default=True,
+                     help="STAMP SAP on the history at prefill: prefill only the kept prompt tokens (faster on long "
+                          "histories; may cost recall)."),
+        click.option("--prune-layer", type=int, default=2, show_default=True,
+                     help="--prune: layers that see every prompt token; the last of them scores the tokens."),
+        click.option("--prune-keep-ratio", type=float, default=0.5, show_default=True,
+                     help="--prune: fraction of each prompt's tokens kept."),
+        click.option("--prune-window", type=int, default=16, show_default=True,
+                     help="--prune: the last N prompt tokens are always kept."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -33,12 +42,13 @@ def _eval_options(f):
 
 
 def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_history, max_users, seed, device, dtype,
-         workdir, json_mode, force):
+         prune, prune_layer, prune_keep_ratio, prune_window, workdir, json_mode, force):
     from gencli.config import EvalConfig, parse_int_list
 
     cfg = build_config(EvalConfig, json_mode, model_step=model_step, split=split, beams=beams,
                        k=parse_int_list(ks, "k"), batch_size=batch_size, max_history=max_history, max_users=max_users,
-                       cold_max_train_count=cold, seed=seed, device=device, dtype=dtype)
+                       cold_max_train_count=cold, seed=seed, device=device, dtype=dtype, prune=prune,
+                       prune_layer=prune_layer, prune_keep_ratio=prune_keep_ratio, prune_window=prune_window)
     chosen: dict[str, str] = {}
 
     def upstream(ws):

@@ -8,6 +8,15 @@ and each child is (parent, token). Beam search asks for the children of every
 beam at once (one gather) and scores only those tokens, which is exactly HF beam
 search with a ``prefix_allowed_tokens_fn`` mask (full-vocab log_softmax, then
 disallowed tokens at -inf) without building a [beams x vocab] mask.
+
+``prune`` (``gencli eval --prune``) applies STAMP's SAP to the history at prefill: layers
+1..L score every prompt token (:func:`gencli.core.stamp.score_tokens`), each prompt keeps
+floor(alpha * N) tokens including its last W (:func:`gencli.core.stamp.select_tokens`), and
+the whole model then prefills only the kept tokens at their original position ids, so every
+layer's KV cache holds the kept tokens and decoding continues at position N + step. Why not
+STAMP's exact training layout (layers < L keeping the full prompt): that needs per-layer cache
+lengths and masks, i.e. driving HF's decoder layer by layer at every step; the price of the
+simple way is that layers 1..L run twice on the prompt (once full for the scores, once pruned).
 """
 
 from __future__ import annotations
@@ -20,7 +29,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from gencli.core.engine import IGNORE_INDEX
 from gencli.core.progress import SILENT, Progress
+from gencli.core.stamp import SapSettings, check_layer, protected_positions, score_tokens, select_tokens
 
 
 class SidTrie:
@@ -133,8 +144,14 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids, attention_mask, position_ids for left-padded prompts (positions start at 0 at the first real token)."""
+def _left_pad(
+    prompts: list[list[int]], device: torch.device, positions: list[list[int]] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask, position_ids for left-padded prompts.
+
+    Positions start at 0 at the first real token, or are ``positions`` (pruned prompts keep
+    their original ones); padding slots get position 0.
+    """
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.int64)
     mask = torch.zeros(len(prompts), width, dtype=torch.int64)
@@ -142,8 +159,43 @@ def _left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Ten
         if p:
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.int64)
             mask[i, width - len(p) :] = 1
-    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    if positions is None:
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    else:
+        pos = torch.zeros_like(ids)
+        for i, p in enumerate(positions):
+            if p:
+                pos[i, width - len(p) :] = torch.tensor(p, dtype=torch.int64)
     return ids.to(device), mask.to(device), pos.to(device)
+
+
+def kept_count(n_tokens: int, settings: SapSettings) -> int:
+    """Tokens a prompt of ``n_tokens`` keeps under ``settings``: min(N, max(floor(alpha * N), min(W, N)))."""
+    return min(n_tokens, max(math.floor(n_tokens * settings.keep_ratio), min(settings.recent_window, n_tokens)))
+
+
+def prune_prompts(
+    model: torch.nn.Module, prompts: list[list[int]], settings: SapSettings, device: torch.device
+) -> tuple[list[list[int]], list[list[int]]]:
+    """SAP on a batch of prompts: (kept token ids, their original positions) per prompt, in prompt order.
+
+    Scores come from layers 1..``settings.layer`` over the full, right-padded prompts (as in
+    training); the last ``settings.recent_window`` tokens of each prompt are always kept, so a
+    prompt no longer than the window stays whole, and padding never is.
+    """
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        mask[i, : len(p)] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    _, scores = score_tokens(model, ids, mask, settings.layer)
+    valid = mask.bool()
+    protected = protected_positions(torch.full_like(ids, IGNORE_INDEX), valid, settings.recent_window)
+    index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
+    positions = [row[ok].tolist() for row, ok in zip(index.cpu(), slot_ok.cpu(), strict=True)]
+    return [[p[j] for j in keep] for p, keep in zip(prompts, positions, strict=True)], positions
 
 
 def _log_probs(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
@@ -164,11 +216,17 @@ def _decode_batch(
     cache_kw: str,
     keep_kw: bool,
     rows: torch.Tensor | None = None,
+    prune: SapSettings | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf."""
     device = trie._leaf_item.device
     b = len(prompts)
-    ids, mask, pos = _left_pad(prompts, device)
+    # decoding continues after the ORIGINAL prompt, whatever the prefill kept
+    next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.int64, device=device).repeat_interleave(beams, 0)
+    positions = None
+    if prune is not None and any(kept_count(len(p), prune) < len(p) for p in prompts):  # else nothing to score
+        prompts, positions = prune_prompts(model, prompts, prune, device)
+    ids, mask, pos = _left_pad(prompts, device, positions)
     cache = DynamicCache(config=model.config)
     extra = {"logits_to_keep": 1} if keep_kw else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
@@ -181,7 +239,6 @@ def _decode_batch(
     row = torch.arange(b, device=device).repeat_interleave(beams)  # logp row of each beam (prefill: the user's row)
     user_base = torch.arange(b, device=device)[:, None] * beams
     beam_mask = mask.repeat_interleave(beams, dim=0)
-    next_pos = pos[:, -1:].repeat_interleave(beams, dim=0) + 1
     for t in range(trie.depth):
         child, tok, valid = trie.children(nodes, t)  # [b*beams, C]
         c = child.shape[1]
@@ -230,6 +287,7 @@ def constrained_beam_search(
     device: torch.device | str | None = None,
     progress: Progress = SILENT,
     softmax_rows: Sequence[int] | None = None,
+    prune: SapSettings | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
@@ -237,7 +295,8 @@ def constrained_beam_search(
     so EOS is never scored). ``device`` is where ``model`` already lives (default: its parameters'
     device); the trie is moved there. Scores are sums of full-vocab log-probabilities
     of the chosen tokens (over ``softmax_rows`` only when given: for models trained with a
-    SID-restricted softmax, whose base-token logits are untrained). Returns (items [U, top_k] int64, -1 where fewer than top_k items were
+    SID-restricted softmax, whose base-token logits are untrained); ``prune`` prefills only the
+    tokens SAP keeps (:func:`prune_prompts`). Returns (items [U, top_k] int64, -1 where fewer than top_k items were
     reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index.
     """
     if not 1 <= top_k <= beams:
@@ -251,6 +310,10 @@ def constrained_beam_search(
     n_vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
     if trie.vocab_bound > n_vocab:
         raise ValueError(f"the SID token ids go up to {trie.vocab_bound - 1} but the model has {n_vocab} logits")
+    if prune is not None:
+        check_layer(model, prune.layer, "--prune-layer")
+        if prune.recent_window < 1:
+            raise ValueError("prune.recent_window must be >= 1: the last prompt token's logits start the decoding")
     model.eval()
     trie.to(device)
     cache_kw = _cache_kwarg(model)
@@ -265,7 +328,7 @@ def constrained_beam_search(
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             batch_items, batch_scores = _decode_batch(
-                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows
+                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
             items[idx] = batch_items.cpu().numpy()

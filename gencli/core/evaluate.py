@@ -19,11 +19,12 @@ from transformers import AutoModelForCausalLM
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
-from gencli.core.decode import SidTrie, constrained_beam_search
+from gencli.core.decode import SidTrie, constrained_beam_search, kept_count
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.metrics import rank_of_target, summarize
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import SidVocab, build_prompt, item_token_ids
+from gencli.core.stamp import SapSettings
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_COLUMNS = ("user_idx", "history", "target")
@@ -99,15 +100,17 @@ def evaluate_model(
     device: torch.device | None = None,
     progress: Progress = SILENT,
     softmax_rows: Sequence[int] | None = None,
+    prune: SapSettings | None = None,
 ) -> dict:
     """Decode ``prompts`` with an in-memory model and score against ``targets`` (also used during training).
 
+    ``prune`` prefills only the prompt tokens SAP keeps (``gencli eval --prune``).
     Returns {"items", "scores", "ranks" (arrays), "metrics" (summarize()), "decode_seconds", "users_per_s"}.
     """
     started = time.perf_counter()
     items, scores = constrained_beam_search(
         model, prompts, trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device, progress=progress,
-        softmax_rows=softmax_rows,
+        softmax_rows=softmax_rows, prune=prune,
     )
     seconds = time.perf_counter() - started
     ranks = rank_of_target(items, np.asarray(targets))
@@ -119,6 +122,14 @@ def evaluate_model(
         "decode_seconds": seconds,
         "users_per_s": len(prompts) / seconds if seconds > 0 else float("inf"),
     }
+
+
+def prune_summary(prompts: Sequence[Sequence[int]], prune: SapSettings) -> dict:
+    """The pruning settings and how many prompt tokens the prefill kept (exact: SAP keeps a fixed count)."""
+    total = sum(len(p) for p in prompts)
+    kept = sum(kept_count(len(p), prune) for p in prompts)
+    return {"layer": prune.layer, "keep_ratio": prune.keep_ratio, "window": prune.recent_window,
+            "prompt_tokens": total, "kept_tokens": kept, "kept_fraction": kept / total if total else 1.0}
 
 
 def _load_model(model_dir: Path, device: torch.device, dtype: torch.dtype, vocab_bound: int) -> torch.nn.Module:
@@ -168,8 +179,9 @@ def run(
     device = resolve_device(cfg.device)
     model = _load_model(model_dir, device, resolve_dtype(cfg.dtype, device), trie.vocab_bound)
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
+    prune = SapSettings(cfg.prune_layer, cfg.prune_keep_ratio, cfg.prune_window) if cfg.prune else None
     result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
-                            softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None)
+                            softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,5 +203,7 @@ def run(
         "unreachable_items": trie.n_duplicates,
         "metrics": result["metrics"],
     }
+    if prune is not None:  # absent when off, so unpruned metrics.json stays as before
+        summary["prune"] = prune_summary(prompts, prune)
     (out_dir / artifacts.METRICS_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return {**summary, "decode_seconds": result["decode_seconds"], "users_per_s": result["users_per_s"]}

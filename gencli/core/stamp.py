@@ -28,6 +28,8 @@ rebuilt over the kept tokens (sorted positions make "causal in kept order" equal
 in original positions"). With the usual small window, exactly ``floor(keep_ratio * N)``
 tokens remain. (In cpt nearly every position carries a loss target, so SAP keeps nearly
 everything there; it pays off in sft, where only the target item's SID is labelled.)
+``gencli eval --prune`` reuses :func:`score_tokens` and :func:`select_tokens` on the history
+prompts at prefill (see :func:`gencli.core.decode.prune_prompts`).
 
 Layer L's attention probabilities are recomputed, without gradient, from that layer's own
 projections: ``softmax(Q K^T * scaling + mask)`` after its input norm, its q/k norms (Qwen3)
@@ -90,10 +92,10 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     return model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
 
 
-def _check_layers(decoder: torch.nn.Module, layer: int) -> None:
+def _check_layers(decoder: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> None:
     n = len(decoder.layers)
     if not 1 <= layer < n:
-        raise ConfigError("stamp", [f"--stamp-layer must be in [1, {n - 1}] for this {n}-layer model (got {layer})"])
+        raise ConfigError("stamp", [f"{option} must be in [1, {n - 1}] for this {n}-layer model (got {layer})"])
     types = getattr(decoder.config, "layer_types", None) or []
     if any(t != "full_attention" for t in types):
         raise ConfigError("stamp", ["SAP supports full-attention models only (this config has sliding-window layers)"])
@@ -180,6 +182,38 @@ def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_windo
     return valid & ((pos >= n_valid - recent_window) | (targets != IGNORE_INDEX))
 
 
+def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> None:
+    """ConfigError naming ``option`` unless ``layer`` is in [1, layers - 1] of a full-attention ``model``."""
+    _check_layers(_decoder(model), layer, option)
+
+
+def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``layer`` decoder layers on every token: (hidden states after them [B, N, d], importance [B, N]).
+
+    ``attention_mask`` is the right-padded 2D mask (positions 0..N-1). The scores carry no
+    gradient; the hidden states do (training continues from them). Shared by SAP in training
+    and ``eval --prune``.
+    """
+    decoder = _decoder(model)
+    _check_layers(decoder, layer)
+    valid = attention_mask.bool()
+    hidden = decoder.embed_tokens(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
+    rope = decoder.rotary_emb(hidden, position_ids=positions)
+    mask = _mask(decoder, hidden, valid)
+    for block in decoder.layers[: layer - 1]:
+        hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
+    scoring_layer = decoder.layers[layer - 1]
+    with torch.no_grad():
+        probs = attention_probs(scoring_layer, hidden, rope, valid)
+    hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
+                           use_cache=False)
+    with torch.no_grad():
+        scores = importance(hidden, probs, valid)
+    return hidden, scores
+
+
 def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    targets: torch.Tensor | None, settings: SapSettings) -> Pruned:
     """Run the decoder with SAP: full length up to layer ``settings.layer``, the kept tokens after it.
@@ -188,22 +222,9 @@ def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     that must survive. Returns the final-normed hidden states of the kept tokens.
     """
     decoder = _decoder(model)
-    _check_layers(decoder, settings.layer)
     valid = attention_mask.bool()
-    hidden = decoder.embed_tokens(input_ids)
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
-    rope = decoder.rotary_emb(hidden, position_ids=positions)
-    mask = _mask(decoder, hidden, valid)
-    for layer in decoder.layers[: settings.layer - 1]:
-        hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
-    scoring_layer = decoder.layers[settings.layer - 1]
+    hidden, scores = score_tokens(model, input_ids, attention_mask, settings.layer)
     with torch.no_grad():
-        probs = attention_probs(scoring_layer, hidden, rope, valid)
-    hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
-                           use_cache=False)
-    with torch.no_grad():
-        scores = importance(hidden, probs, valid)
-        del probs
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
         protected = protected_positions(keep_targets, valid, settings.recent_window)
         index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)

@@ -151,3 +151,25 @@ def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     assert got["resumed_from_step"] >= 6
     for key in ("train_loss", "final_recall@5", "peak_recall@5", "peak_step", "valid_curve", "steps"):
         assert got[key] == expected[key], key
+
+
+def test_eval_prune_is_recorded_and_exact_at_keep_ratio_one(piped, tmp_path):
+    _, wd0, _, summary = piped
+    wd = tmp_path / "work"
+    shutil.copytree(wd0, wd)
+    base = ["eval", "--workdir", str(wd), "--json", "--beams", "5", "--k", "1,5", "--max-users", "40", "--prune",
+            "--prune-window", "4"]
+    whole = CliRunner().invoke(cli, [*base, "--prune-keep-ratio", "1.0"])
+    assert whole.exit_code == 0, whole.output
+    assert _json(whole)["metrics"]["overall"] == summary["results"]["eval"]["overall"]  # nothing pruned: identical
+    half = CliRunner().invoke(cli, [*base, "--prune-keep-ratio", "0.5"])
+    assert half.exit_code == 0, half.output
+    pruned = _json(half)["metrics"]["prune"]
+    assert {k: pruned[k] for k in ("layer", "keep_ratio", "window")} == {"layer": 2, "keep_ratio": 0.5, "window": 4}
+    assert 0.5 * pruned["prompt_tokens"] - 40 < pruned["kept_tokens"] < pruned["prompt_tokens"]
+    record = json.loads((wd / "eval" / "step.json").read_text())
+    assert {k: record["params"][k] for k in ("prune", "prune_layer", "prune_keep_ratio", "prune_window")} == {
+        "prune": True, "prune_layer": 2, "prune_keep_ratio": 0.5, "prune_window": 4}
+    assert json.loads((wd / "eval" / "metrics.json").read_text())["prune"] == pruned
+    bad = CliRunner().invoke(cli, [*base, "--prune-layer", "4", "--force"])
+    assert bad.exit_code == 2 and "--prune-layer must be in [1, 3] for this 4-layer model" in _json(bad)["error"]
