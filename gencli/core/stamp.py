@@ -221,18 +221,25 @@ def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     ``attention_mask`` is the right-padded 2D mask; ``targets`` (or None) marks positions
     that must survive. Returns the final-normed hidden states of the kept tokens.
     """
-    decoder = _decoder(model)
     valid = attention_mask.bool()
     hidden, scores = score_tokens(model, input_ids, attention_mask, settings.layer)
     with torch.no_grad():
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
         protected = protected_positions(keep_targets, valid, settings.recent_window)
         index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
+    return forward_kept(model, hidden, index, slot_ok, settings.layer)
+
+
+def forward_kept(model: torch.nn.Module, hidden: torch.Tensor, index: torch.Tensor, slot_ok: torch.Tensor,
+                 layer: int) -> Pruned:
+    """Layers ``layer + 1 ..`` on the kept tokens only: gather ``hidden`` [B, N, d] at ``index`` [B, K], keep
+    their original position ids (RoPE) and rebuild the causal + padding mask over the kept slots."""
+    decoder = _decoder(model)
     hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     rope = decoder.rotary_emb(hidden, position_ids=index)  # original positions
     mask = _mask(decoder, hidden, slot_ok)
-    for layer in decoder.layers[settings.layer:]:
-        hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
+    for block in decoder.layers[layer:]:
+        hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
     return Pruned(decoder.norm(hidden), index, slot_ok)
 
 
