@@ -62,7 +62,8 @@ def speed(args) -> dict:
     train = long_users(data.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
     device = resolve_device(args.device)
     base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
-                           stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window)
+                           stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window,
+                           sap_score=args.sap_score)
     dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1)
     order = engine.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
     variants = args.variants.split(",")
@@ -142,7 +143,7 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                       max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
                       device=args.device, eval_every=args.eval_every, sap=sap, map=mtp, stamp_layer=args.layer, keep_ratio=args.keep_ratio,
-                      recent_window=args.window, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
+                      recent_window=args.window, sap_score=args.sap_score, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
                       keep_checkpoints=1, sid_softmax=args.sid_softmax)
     out_dir = args.out.parent / f"recall-{variant}-s{seed}"
     if out_dir.exists():
@@ -172,7 +173,7 @@ def recall(args) -> dict:
     else:
         rows = [_recall_run(args, seed, v) for seed, v in runs]
     print(f"\n{args.max_steps} steps x batch {args.batch_size}, lr {args.lr}, max_history {args.max_history}, "
-          f"SAP L={args.layer} alpha={args.keep_ratio} W={args.window}, MAP lambda={args.mtp_lambda} "
+          f"SAP L={args.layer} alpha={args.keep_ratio} W={args.window} score={args.sap_score}, MAP lambda={args.mtp_lambda} "
           f"weight={args.mtp_weight}, validation users {args.eval_users or 'all'} ({args.eval_beams} beams), "
           f"seeds {','.join(map(str, args.seed_list))} (batch order), device {args.device}\n")
     print("| variant | Recall@5 per seed | mean | relative to base | paired diff (mean) | train tokens/s (mean) |")
@@ -215,6 +216,7 @@ def main() -> None:
     p.add_argument("--sid-softmax", action="store_true")
     p.add_argument("--seeds", type=int, default=1, help="recall: repeat with batch-order seeds 0..N-1")
     p.add_argument("--eval-beams", type=int, default=10)
+    p.add_argument("--sap-score", default="importance", help="SAP token ranking: importance, attention or recency")
     p.add_argument("--eval-every", type=int, default=0, help="recall: also validate every N steps (a curve per run)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (speed: CUDA peak allocated memory on a GPU)")
     p.add_argument("--jobs", type=int, default=1, help="recall: runs side by side in separate processes")

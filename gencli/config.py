@@ -20,6 +20,7 @@ INIT_METHODS = ("random", "mean", "centroid", "gti")
 PROJECTIONS = ("pca", "truncate", "isometric")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (sft --sap-score, eval --prune-score)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -226,6 +227,8 @@ class EvalConfig:
     """prune: fraction alpha of each prompt's tokens kept, floor(alpha * N). Default = sft's --keep-ratio."""
     prune_window: int = 16
     """prune: the last W prompt tokens are always kept (shorter prompts stay whole). Default = sft's --recent-window."""
+    prune_score: str = "importance"
+    """prune: token ranking, importance (the paper's), attention or recency. Default = sft's --sap-score."""
 
     def __post_init__(self) -> None:
         c = _Checks("eval")
@@ -233,6 +236,7 @@ class EvalConfig:
         c.require(0 < self.prune_keep_ratio <= 1, f"--prune-keep-ratio must be in (0, 1] (got {self.prune_keep_ratio})")
         c.require(self.prune_window >= 1,
                   f"--prune-window must be >= 1: decoding starts from the last prompt token (got {self.prune_window})")
+        c.choice("prune-score", self.prune_score, SAP_SCORES)
         c.choice("model-step", self.model_step, ("auto", "sft", "cpt", "init-vocab"))
         c.choice("split", self.split, ("test", "valid"))
         c.positive("beams", self.beams)
@@ -299,6 +303,9 @@ class TrainConfig:
     """SAP: fraction alpha of each sequence's tokens kept, floor(alpha * N)."""
     recent_window: int = 16
     """SAP: the last W tokens are always kept (target + prompt suffix; labelled positions always are)."""
+    sap_score: str = "importance"
+    """SAP: token ranking. importance = Norm(||h||_1) x Norm(attention received) (the paper's); attention = the
+    second factor only; recency = the newest tokens. The first token (the attention sink) is always kept."""
     mtp_lambda: float = 0.3
     """MAP: fusion h_mtp = (1 - lambda) * h_t + lambda * RMSNorm(E(y_t+1))."""
     mtp_weight: float = 0.1
@@ -311,6 +318,7 @@ class TrainConfig:
         c = _Checks(self.task)
         c.require(self.stamp_layer >= 1, f"--stamp-layer must be >= 1 (got {self.stamp_layer})")
         c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
+        c.choice("sap-score", self.sap_score, SAP_SCORES)
         c.positive("recent-window", self.recent_window, allow_zero=True)
         c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
         c.positive("mtp-weight", self.mtp_weight, allow_zero=True)

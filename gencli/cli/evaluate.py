@@ -35,6 +35,8 @@ def _eval_options(f):
                      help="--prune: fraction of each prompt's tokens kept."),
         click.option("--prune-window", type=int, default=16, show_default=True,
                      help="--prune: the last N prompt tokens are always kept."),
+        click.option("--prune-score", type=click.Choice(["importance", "attention", "recency"]), default="importance",
+                     show_default=True, help="--prune: how prompt tokens are ranked (as sft's --sap-score)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -42,13 +44,14 @@ def _eval_options(f):
 
 
 def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_history, max_users, seed, device, dtype,
-         prune, prune_layer, prune_keep_ratio, prune_window, workdir, json_mode, force):
+         prune, prune_layer, prune_keep_ratio, prune_window, prune_score, workdir, json_mode, force):
     from gencli.config import EvalConfig, parse_int_list
 
     cfg = build_config(EvalConfig, json_mode, model_step=model_step, split=split, beams=beams,
                        k=parse_int_list(ks, "k"), batch_size=batch_size, max_history=max_history, max_users=max_users,
                        cold_max_train_count=cold, seed=seed, device=device, dtype=dtype, prune=prune,
-                       prune_layer=prune_layer, prune_keep_ratio=prune_keep_ratio, prune_window=prune_window)
+                       prune_layer=prune_layer, prune_keep_ratio=prune_keep_ratio, prune_window=prune_window,
+                       prune_score=prune_score)
     chosen: dict[str, str] = {}
 
     def upstream(ws):

@@ -35,6 +35,8 @@ def _train_options(f):
                      help="SAP: fraction of each sequence's tokens kept, floor(ratio * N)."),
         click.option("--recent-window", type=int, default=16, show_default=True,
                      help="SAP: the last N tokens (target + prompt suffix) are always kept."),
+        click.option("--sap-score", type=click.Choice(["importance", "attention", "recency"]), default="importance",
+                     show_default=True, help="SAP: how tokens are ranked (importance = the paper's S_sem x S_attn)."),
         click.option("--mtp-lambda", type=float, default=0.3, show_default=True,
                      help="MAP: h = (1 - lambda) h_t + lambda RMSNorm(E(y_t+1))."),
         click.option("--mtp-weight", type=float, default=0.1, show_default=True,

@@ -170,8 +170,10 @@ def _left_pad(
 
 
 def kept_count(n_tokens: int, settings: SapSettings) -> int:
-    """Tokens a prompt of ``n_tokens`` keeps under ``settings``: min(N, max(floor(alpha * N), min(W, N)))."""
-    return min(n_tokens, max(math.floor(n_tokens * settings.keep_ratio), min(settings.recent_window, n_tokens)))
+    """Tokens a prompt of ``n_tokens`` keeps under ``settings``: min(N, max(floor(alpha * N), P)) where
+    P = min(N, W + 1) protected tokens (the last W and the first) once N > W, else N."""
+    protected = n_tokens if n_tokens <= settings.recent_window else settings.recent_window + 1
+    return min(n_tokens, max(math.floor(n_tokens * settings.keep_ratio), protected))
 
 
 def prune_prompts(
@@ -190,9 +192,10 @@ def prune_prompts(
         ids[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
         mask[i, : len(p)] = 1
     ids, mask = ids.to(device), mask.to(device)
-    _, scores = score_tokens(model, ids, mask, settings.layer)
+    _, scores = score_tokens(model, ids, mask, settings.layer, settings.score)
     valid = mask.bool()
-    protected = protected_positions(torch.full_like(ids, IGNORE_INDEX), valid, settings.recent_window)
+    protected = protected_positions(torch.full_like(ids, IGNORE_INDEX), valid, settings.recent_window,
+                                    keep_first=True)
     index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
     positions = [row[ok].tolist() for row, ok in zip(index.cpu(), slot_ok.cpu(), strict=True)]
     return [[p[j] for j in keep] for p, keep in zip(prompts, positions, strict=True)], positions

@@ -171,7 +171,7 @@ def make_loss(cfg: TrainConfig, rows: Sequence[int] | None = None) -> LossFn:
         return TokenLoss(rows)
     from gencli.core.stamp import SapSettings, StampLoss  # stamp imports this module
 
-    sap = SapSettings(cfg.stamp_layer, cfg.keep_ratio, cfg.recent_window) if cfg.sap else None
+    sap = SapSettings(cfg.stamp_layer, cfg.keep_ratio, cfg.recent_window, cfg.sap_score) if cfg.sap else None
     return StampLoss(rows, sap=sap, mtp=cfg.map, mtp_lambda=cfg.mtp_lambda, mtp_weight=cfg.mtp_weight)
 
 

@@ -128,7 +128,7 @@ def prune_summary(prompts: Sequence[Sequence[int]], prune: SapSettings) -> dict:
     """The pruning settings and how many prompt tokens the prefill kept (exact: SAP keeps a fixed count)."""
     total = sum(len(p) for p in prompts)
     kept = sum(kept_count(len(p), prune) for p in prompts)
-    return {"layer": prune.layer, "keep_ratio": prune.keep_ratio, "window": prune.recent_window,
+    return {"layer": prune.layer, "keep_ratio": prune.keep_ratio, "window": prune.recent_window, "score": prune.score,
             "prompt_tokens": total, "kept_tokens": kept, "kept_fraction": kept / total if total else 1.0}
 
 
@@ -179,7 +179,7 @@ def run(
     device = resolve_device(cfg.device)
     model = _load_model(model_dir, device, resolve_dtype(cfg.dtype, device), trie.vocab_bound)
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
-    prune = SapSettings(cfg.prune_layer, cfg.prune_keep_ratio, cfg.prune_window) if cfg.prune else None
+    prune = SapSettings(cfg.prune_layer, cfg.prune_keep_ratio, cfg.prune_window, cfg.prune_score) if cfg.prune else None
     result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
                             softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
 

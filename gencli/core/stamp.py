@@ -20,9 +20,20 @@ the scale of the layer and the product does not let one factor dominate by magni
 Padding never counts: it sends no query mass, gets score -inf and is never kept.
 
 Each sequence of N real tokens keeps ``max(floor(keep_ratio * N), P)`` tokens (at most N):
-the protected ones (P of them: the last ``cfg.recent_window`` positions and every position
-that carries a loss target, since a pruned position could not be scored) and then the
-highest importances. Kept indices are sorted (order preserved), hidden states gathered,
+the protected ones (P of them: the first position, the last ``cfg.recent_window`` positions
+and every position that carries a loss target, since a pruned position could not be scored)
+and then the highest importances. The first position is the BOS token our prompts start
+with: a pretrained LM parks most attention there (the "attention sink"), and dropping it
+wrecks every later layer (bench/sap_fidelity.py: on smollm2-135m, recency selection moves
+the target distribution by KL 5.5 nats without it and 0.8 with it). The paper's importance
+keeps it anyway (its norm and attention are the largest), so for the default this changes
+nothing.
+
+``cfg.sap_score`` chooses the ranking: ``importance`` (above, the paper's), ``attention``
+(S_attn alone, as in heavy-hitter KV-cache eviction) or ``recency`` (newest first; no
+attention matrix is recomputed). On a pretrained backbone the S_sem factor ranks tokens
+worse than chance (high-norm tokens at layer 2 are not the informative ones; see
+docs/benchmarks.md), which is why the other two exist. Kept indices are sorted (order preserved), hidden states gathered,
 and the remaining layers see the original position ids (RoPE) and a causal + padding mask
 rebuilt over the kept tokens (sorted positions make "causal in kept order" equal to "causal
 in original positions"). With the usual small window, exactly ``floor(keep_ratio * N)``
@@ -74,6 +85,9 @@ class SapSettings:
     """Fraction alpha of each sequence's real tokens kept: floor(alpha * N)."""
     recent_window: int = 16
     """The last W positions of each sequence are always kept (target + prompt suffix)."""
+    score: str = "importance"
+    """How tokens are ranked: importance (S_sem x S_attn, the paper's), attention (S_attn only) or recency."""
+
 
 
 @dataclass
@@ -147,11 +161,15 @@ def minmax(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~valid, 0.0)
 
 
+def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """sum over heads h and real queries j of A[h, j, i], per token [B, N]."""
+    return (probs * valid[:, None, :, None]).sum(dim=(1, 2))
+
+
 def importance(hidden: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """I = Norm(||h_i||_1) * Norm(sum_{h, j} A[h, j, i]) per token [B, N]; padding queries add nothing."""
     sem = hidden.float().abs().sum(dim=-1)
-    centrality = (probs * valid[:, None, :, None]).sum(dim=(1, 2))
-    return minmax(sem, valid) * minmax(centrality, valid)
+    return minmax(sem, valid) * minmax(attention_received(probs, valid), valid)
 
 
 def select_tokens(scores: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor,
@@ -175,11 +193,13 @@ def select_tokens(scores: torch.Tensor, valid: torch.Tensor, protected: torch.Te
     return index.masked_fill(~slot_ok, 0), slot_ok
 
 
-def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_window: int) -> torch.Tensor:
-    """[B, N] True at the last ``recent_window`` real positions and at every labelled position."""
+def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_window: int,
+                        keep_first: bool = False) -> torch.Tensor:
+    """[B, N] True at the last ``recent_window`` real positions, at every labelled position and, with
+    ``keep_first``, at position 0 (the attention sink of a pretrained LM: BOS in our prompts)."""
     n_valid = valid.sum(dim=1, keepdim=True)
     pos = torch.arange(valid.shape[1], device=valid.device)[None, :]
-    return valid & ((pos >= n_valid - recent_window) | (targets != IGNORE_INDEX))
+    return valid & ((pos >= n_valid - recent_window) | (targets != IGNORE_INDEX) | ((pos == 0) & keep_first))
 
 
 def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> None:
@@ -188,7 +208,7 @@ def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer
 
 
 def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 layer: int, score: str = "importance") -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``layer`` decoder layers on every token: (hidden states after them [B, N, d], importance [B, N]).
 
     ``attention_mask`` is the right-padded 2D mask (positions 0..N-1). The scores carry no
@@ -205,12 +225,19 @@ def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     for block in decoder.layers[: layer - 1]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
     scoring_layer = decoder.layers[layer - 1]
+    if score == "recency":  # newest first: no attention matrix to recompute
+        hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
+                               use_cache=False)
+        return hidden, positions.float()
     with torch.no_grad():
         probs = attention_probs(scoring_layer, hidden, rope, valid)
     hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
                            use_cache=False)
     with torch.no_grad():
-        scores = importance(hidden, probs, valid)
+        if score == "attention":
+            scores = minmax(attention_received(probs, valid), valid)
+        else:
+            scores = importance(hidden, probs, valid)
     return hidden, scores
 
 
@@ -222,10 +249,10 @@ def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     that must survive. Returns the final-normed hidden states of the kept tokens.
     """
     valid = attention_mask.bool()
-    hidden, scores = score_tokens(model, input_ids, attention_mask, settings.layer)
+    hidden, scores = score_tokens(model, input_ids, attention_mask, settings.layer, settings.score)
     with torch.no_grad():
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
-        protected = protected_positions(keep_targets, valid, settings.recent_window)
+        protected = protected_positions(keep_targets, valid, settings.recent_window, keep_first=True)
         index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
     return forward_kept(model, hidden, index, slot_ok, settings.layer)
 

@@ -72,15 +72,15 @@ def test_prefill_sees_kept_tokens_at_their_original_positions(model):
     assert len(calls) == sids.shape[1]  # one prefill + D - 1 steps (scoring runs the layers, not forward)
     prefill = calls[0]
     real = prefill["attention_mask"].bool()
-    # floor(0.5 * N), at least the 4-token window, whole when N <= 4
-    assert real.sum(dim=1).tolist() == [18, 15, 10, 4, 4, 1]
-    assert [kept_count(n, settings) for n in PROMPT_LENGTHS] == [18, 15, 10, 4, 4, 1]
+    # floor(0.5 * N), at least the 4-token window + the first token, whole when N <= 4
+    assert real.sum(dim=1).tolist() == [18, 15, 10, 5, 4, 1]
+    assert [kept_count(n, settings) for n in PROMPT_LENGTHS] == [18, 15, 10, 5, 4, 1]
     for row, prompt in enumerate(prompts):  # the batch is already longest first
         n = len(prompt)
         pos = prefill["position_ids"][row][real[row]].tolist()
         ids = prefill["input_ids"][row][real[row]].tolist()
         assert pos == sorted(set(pos)) and 0 <= pos[0] and pos[-1] == n - 1
-        assert set(range(max(0, n - 4), n)) <= set(pos)  # the protected window
+        assert set(range(max(0, n - 4), n)) <= set(pos) and pos[0] == 0  # the window and the first token (sink)
         assert ids == [prompt[p] for p in pos]  # each kept token at its original position
         assert bool(real[row, -1])  # left padding: the last slot is the last prompt token
     assert prune_prompts(model, prompts[4:], settings, torch.device("cpu"))[0] == prompts[4:]  # short: whole
@@ -102,8 +102,9 @@ def test_kept_tokens_are_the_highest_sap_scores(model):
         _, scores = stamp.score_tokens(model, ids, mask, settings.layer)
     for i, (p, pos) in enumerate(zip(prompts, positions, strict=True)):
         n = len(p)
-        assert len(pos) == max(math.floor(0.3 * n), min(2, n)) and kept[i] == [p[j] for j in pos]
-        free = range(n - 2)  # outside the window
+        assert len(pos) == max(math.floor(0.3 * n), n if n <= 2 else 3) and kept[i] == [p[j] for j in pos]
+        assert pos[0] == 0  # the first token (attention sink) is protected
+        free = range(1, n - 2)  # outside the first token and the window
         dropped = [float(scores[i, j]) for j in free if j not in pos]
         chosen = [float(scores[i, j]) for j in free if j in pos]
         assert not dropped or not chosen or min(chosen) >= max(dropped)
@@ -150,8 +151,9 @@ def test_eval_run_records_pruning_and_keeps_rankings_at_ratio_one(model, tmp_pat
                                                                           ).read_bytes()
     half = run(EvalConfig(**common, prune=True), tmp_path / "model", vocab, codes, split, None, None, tmp_path / "half")
     # prompts: BOS + 3 tokens per item -> 37, 28, 22, 16, 10, 4, 1, 25, 37, 7 tokens (187)
-    kept = 18 + 14 + 11 + 8 + 5 + 4 + 1 + 12 + 18 + 4
-    expected = {"layer": 1, "keep_ratio": 0.5, "window": 4, "prompt_tokens": 187, "kept_tokens": kept,
+    kept = 18 + 14 + 11 + 8 + 5 + 4 + 1 + 12 + 18 + 5  # 7 tokens keep 5: the window + the first
+    expected = {"layer": 1, "keep_ratio": 0.5, "window": 4, "score": "importance", "prompt_tokens": 187,
+                "kept_tokens": kept,
                 "kept_fraction": kept / 187}
     assert half["prune"] == expected
     assert json.loads((tmp_path / "half" / artifacts.METRICS_JSON).read_text())["prune"] == expected

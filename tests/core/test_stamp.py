@@ -66,6 +66,42 @@ def test_select_keeps_floor_alpha_n_in_order_with_the_window():
     assert slot_ok.sum(dim=1).tolist() == [10, 6, 4]
 
 
+def test_the_first_token_is_protected_and_recency_keeps_the_newest():
+    model = tiny("llama")
+    ids, mask, targets = padded_batch((20, 13, 7))
+    valid = mask.bool()
+    protected = stamp.protected_positions(targets, valid, recent_window=4, keep_first=True)
+    assert protected[0].nonzero().flatten().tolist() == [0, 16, 17, 18, 19]
+    assert protected[2].nonzero().flatten().tolist() == [0, 3, 4, 5, 6]
+    with torch.no_grad():
+        _, scores = stamp.score_tokens(model, ids, mask, layer=1, score="recency")
+        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=0.5,
+                                                                                    recent_window=4, score="recency"))
+    assert scores[0].tolist() == [float(i) for i in range(20)]
+    # 20 tokens keep 10: the first (sink), the 4-token window, then the 5 newest others
+    assert pruned.index[0][pruned.valid[0]].tolist() == [0, *range(11, 20)]
+    assert pruned.index[1][pruned.valid[1]].tolist() == [0, 8, 9, 10, 11, 12]  # 13 tokens: floor 6 -> sink + 5 newest
+    assert pruned.index[2][pruned.valid[2]].tolist() == [0, 3, 4, 5, 6]  # 7 tokens: only the protected 5
+
+
+def test_attention_score_is_the_normalised_attention_received():
+    model = tiny("qwen3")
+    ids, mask, _ = padded_batch()
+    valid = mask.bool()
+    inputs = {}
+    handle = model.model.layers[1].register_forward_pre_hook(
+        lambda m, args, kwargs: inputs.update(hidden=args[0] if args else kwargs["hidden_states"],
+                                              rope=kwargs["position_embeddings"]), with_kwargs=True)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        probs = stamp.attention_probs(model.model.layers[1], inputs["hidden"], inputs["rope"], valid)
+        _, scores = stamp.score_tokens(model, ids, mask, layer=2, score="attention")
+    handle.remove()
+    expected = stamp.minmax(stamp.attention_received(probs, valid), valid)
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+    assert scores[valid].max() == 1.0 and scores[~valid].abs().sum() == 0
+
+
 def test_minmax_ignores_padding_and_importance_is_the_product():
     x = torch.tensor([[1.0, 3.0, 2.0, 100.0]])
     valid = torch.tensor([[True, True, True, False]])
@@ -73,13 +109,15 @@ def test_minmax_ignores_padding_and_importance_is_the_product():
     assert stamp.minmax(torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
-def test_keep_ratio_one_reproduces_the_unpruned_logits(family):
+@pytest.mark.parametrize("family,score", [("qwen3", "importance"), ("llama", "importance"), ("qwen2", "importance"),
+                                          ("llama", "attention"), ("qwen3", "recency")])
+def test_keep_ratio_one_reproduces_the_unpruned_logits(family, score):
     model = tiny(family)
     ids, mask, targets = padded_batch()
     with torch.no_grad():
         reference = model(input_ids=ids, attention_mask=mask).logits
-        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=1.0))
+        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=1.0,
+                                                                                    score=score))
         logits = model.lm_head(pruned.hidden)
     assert torch.equal(pruned.index[pruned.valid], torch.arange(ids.shape[1]).expand_as(ids)[mask.bool()])
     torch.testing.assert_close(logits[pruned.valid], reference[mask.bool()], rtol=1e-5, atol=1e-5)
