@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--ratios", default="0.3,0.5,0.7", help="Keep ratios, comma-separated.")
     parser.add_argument("--layer", type=int, default=2)
     parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--score", default="importance", help="Token ranking: importance, attention or recency.")
     parser.add_argument("--beams", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -75,7 +76,7 @@ def main() -> None:
     device = torch.device(args.device)
     model = AutoModelForCausalLM.from_pretrained(folder / artifacts.MODEL_DIR, dtype=torch.float32).to(device).eval()
     rows = vocab.all_ids if vocab.softmax == "sid" else None
-    variants: list[SapSettings | None] = [None] + [SapSettings(args.layer, float(r), args.window)
+    variants: list[SapSettings | None] = [None] + [SapSettings(args.layer, float(r), args.window, args.score)
                                                    for r in args.ratios.split(",")]
     results = []
     for max_history in (int(x) for x in args.max_history.split(",")):
