@@ -11,7 +11,7 @@ disallowed tokens at -inf) without building a [beams x vocab] mask.
 
 ``prune`` (``gencli eval --prune``) applies STAMP's SAP to the history at prefill: layers
 1..L score every prompt token (:func:`gencli.core.stamp.score_tokens`), each prompt keeps
-floor(alpha * N) tokens including its last W (:func:`gencli.core.stamp.select_tokens`), and
+floor(alpha * N) tokens including its first and its last W (:func:`gencli.core.stamp.select_tokens`), and
 the whole model then prefills only the kept tokens at their original position ids, so every
 layer's KV cache holds the kept tokens and decoding continues at position N + step. Why not
 STAMP's exact training layout (layers < L keeping the full prompt): that needs per-layer cache
@@ -182,8 +182,9 @@ def prune_prompts(
     """SAP on a batch of prompts: (kept token ids, their original positions) per prompt, in prompt order.
 
     Scores come from layers 1..``settings.layer`` over the full, right-padded prompts (as in
-    training); the last ``settings.recent_window`` tokens of each prompt are always kept, so a
-    prompt no longer than the window stays whole, and padding never is.
+    training, ranked by ``settings.score``); the first token (the attention sink) and the last
+    ``settings.recent_window`` tokens of each prompt are always kept, so a prompt no longer than
+    the window stays whole, and padding never is.
     """
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.int64)
