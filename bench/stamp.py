@@ -134,25 +134,29 @@ def _variant_kind(name: str) -> str:
 
 
 def _recall_run(args, seed: int, variant: str) -> dict:
-    """One sft run from the init-vocab model: ``variant`` for ``args.max_steps`` steps, then validation Recall@5."""
+    """One sft run from the init-vocab model: ``variant`` for ``args.max_steps`` steps, then validation Recall@5.
+
+    ``variant`` is base, sap, map or stamp, optionally with a SAP ranking: ``sap@recency`` (else ``--sap-score``).
+    """
     torch.set_num_threads(1)
     model_dir, vocab_path, codes = inputs(args.workdir, args.model_step)
     ingest = args.workdir / "ingest"
     train, valid = data.load_split(ingest, "train"), data.load_split(ingest, "valid")
-    sap, mtp = profile.VARIANT_FLAGS[variant]
+    kind, _, score = variant.partition("@")
+    sap, mtp = profile.VARIANT_FLAGS[kind]
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                       max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
                       device=args.device, eval_every=args.eval_every, sap=sap, map=mtp, stamp_layer=args.layer, keep_ratio=args.keep_ratio,
-                      recent_window=args.window, sap_score=args.sap_score, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
+                      recent_window=args.window, sap_score=score or args.sap_score, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
                       keep_checkpoints=1, sid_softmax=args.sid_softmax)
-    out_dir = args.out.parent / f"recall-{variant}-s{seed}"
+    out_dir = args.out.parent / f"recall-{variant.replace('@', '-')}-s{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)
     t0 = time.perf_counter()
     m = sft.run(cfg, model_dir, vocab_path, codes, train, valid, out_dir)
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)
-    row = {"variant": variant, "seed": seed, "recall@5": m["final_recall@5"], "train_loss": m["train_loss"],
+    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "recall@5": m["final_recall@5"], "train_loss": m["train_loss"],
            "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
            "wall_s": round(time.perf_counter() - t0, 1), "valid_curve": m["valid_curve"]}
     print(row, flush=True)
@@ -173,7 +177,7 @@ def recall(args) -> dict:
     else:
         rows = [_recall_run(args, seed, v) for seed, v in runs]
     print(f"\n{args.max_steps} steps x batch {args.batch_size}, lr {args.lr}, max_history {args.max_history}, "
-          f"SAP L={args.layer} alpha={args.keep_ratio} W={args.window} score={args.sap_score}, MAP lambda={args.mtp_lambda} "
+          f"SAP L={args.layer} alpha={args.keep_ratio} W={args.window} score={args.sap_score} (variant@score overrides), MAP lambda={args.mtp_lambda} "
           f"weight={args.mtp_weight}, validation users {args.eval_users or 'all'} ({args.eval_beams} beams), "
           f"seeds {','.join(map(str, args.seed_list))} (batch order), device {args.device}\n")
     print("| variant | Recall@5 per seed | mean | relative to base | paired diff (mean) | train tokens/s (mean) |")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The device check that #5 still needs: Recall@5 of SAP's ranking rules on smollm2-135m, sample + MovieLens-100k.
+# Sized for one call on one H200 (~6 min: pull 40 s, 2 x init-vocab 20 s, 3 x 4 runs side by side ~90 s each).
+#
+#   GENCLI_HOME=/path/with/smollm2 bash bench/stamp_gpu_check.sh SAMPLE_WORKDIR ML100K_WORKDIR OUT_DIR
+#
+# Each workdir must hold ingest, embed and quantize (e.g. bench/common.py prepare_shared(..., 3, 64));
+# init-vocab (smollm2-135m, centroid) is run here when missing. Settings are those of the H200 table in
+# docs/benchmarks.md (300 steps, batch 32, lr 2e-4, 400 validation users, 20 beams, seeds 0 and 1), so
+# base and the importance rule (measured there: -70%) need not run again for sample.
+set -uo pipefail
+SAMPLE=${1:?sample workdir}; ML100K=${2:?ml100k workdir}; OUT=${3:?output folder}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# overridable for a dry run on a CPU: DEVICE=cpu STEPS=2 USERS=10 (with tiny init-vocab workdirs)
+DEVICE=${DEVICE:-cuda}; STEPS=${STEPS:-300}; USERS=${USERS:-400}
+for w in "$SAMPLE" "$ML100K"; do
+  [ -d "$w/init-vocab" ] || python -m gencli init-vocab --model smollm2-135m --init centroid --workdir "$w" --json \
+    | tail -c 200 || exit 2
+done
+R="--seeds 2 --jobs 4 --max-steps $STEPS --eval-every $(( (STEPS + 1) / 2 )) --batch-size 32 --lr 2e-4
+   --max-history 40 --eval-users $USERS --eval-beams 20 --device $DEVICE"
+python bench/stamp.py recall --workdir "$SAMPLE" $R --variants sap@recency,sap@attention \
+  --out "$OUT/sample/recall.json" 2>&1 | grep -v -i warn | tail -8
+python bench/stamp.py recall --workdir "$ML100K" $R --variants base,sap@recency --out "$OUT/ml100k/recall.json" \
+  2>&1 | grep -v -i warn | tail -8
+python bench/stamp.py recall --workdir "$ML100K" $R --variants sap,stamp --out "$OUT/ml100k2/recall.json" \
+  2>&1 | grep -v -i warn | tail -8
