@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gencli.workspace.hashing import outputs_digest, sha256_file
-from gencli.workspace.manifest import Manifest, read_json, write_json_atomic
+from gencli.workspace.manifest import Manifest, fsync_dir, fsync_tree, read_json, write_json_atomic
 
 STEP_JSON = "step.json"
 STAGING = ".staging"
@@ -40,7 +40,11 @@ def journal_path(root: Path, name: str) -> Path:
 
 
 def write_journal(root: Path, name: str) -> None:
-    """Operation 2: name the finished staging folder by the hash of its step.json."""
+    """Operation 2: name the finished staging folder by the hash of its step.json.
+
+    Its files are fsynced first, so after a power cut the journal never vouches for outputs that did not
+    reach the disk (a SIGKILL alone loses nothing the kernel already has)."""
+    fsync_tree(root / STAGING / name)
     write_json_atomic(
         journal_path(root, name),
         {
@@ -87,6 +91,8 @@ def settle(root: Path, name: str) -> str:
                 shutil.rmtree(trash)
             os.replace(final, trash)
         os.replace(staging, final)
+        fsync_dir(root / STAGING)
+        fsync_dir(root)
     else:
         _roll_back(root, name, trash, final)
         journal.unlink()
@@ -155,6 +161,7 @@ def _roll_back(root: Path, name: str, trash: Path, final: Path) -> None:
     ``begin`` to clear (or ``--resume`` to use), the manifest entry of the previous run stays valid."""
     if not final.exists() and trash.is_dir():
         os.replace(trash, final)
+        fsync_dir(root)
     Manifest(root).record_failure(
         name,
         {

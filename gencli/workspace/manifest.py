@@ -19,8 +19,34 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 
 
+def fsync_dir(folder: Path) -> None:
+    """Make renames and new entries in ``folder`` durable (a file's fsync does not cover its directory entry).
+    A no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder`` (a step's outputs, before its commit journal vouches for them)."""
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        elif p.is_dir():
+            fsync_dir(p)
+    fsync_dir(folder)
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
+    """Write JSON to a temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -30,6 +56,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
