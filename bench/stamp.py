@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.config import TrainConfig  # noqa: E402
 from gencli.core import artifacts, data, engine, profile, quantize, sft  # noqa: E402
+from gencli.core.backbone import load_model  # noqa: E402
 from gencli.core.device import resolve_device  # noqa: E402
 from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
+from gencli.core.stamp import SapSettings  # noqa: E402
 
 
 def inputs(workdir: Path, model_step: str):
@@ -154,9 +156,20 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         shutil.rmtree(out_dir)
     t0 = time.perf_counter()
     m = sft.run(cfg, model_dir, vocab_path, codes, train, valid, out_dir)
+    pruned_eval = full_eval = None
+    if args.prune_eval and sap:  # the same SAP at validation (eval --prune): does matching train and test help?
+        model, _ = load_model(out_dir / artifacts.MODEL_DIR, resolve_device(args.device), torch.float32)
+        model.eval()
+        vocab = load_sid_vocab(vocab_path)
+        settings = SapSettings(args.layer, args.keep_ratio, args.window, cfg.sap_score)
+        with torch.no_grad():  # both on the reloaded float32 model, so only the pruning differs
+            pruned_eval, full_eval = (
+                sft.RecallEvaluator(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
+                                    prune=prune)(model)["recall@5"] for prune in (settings, None))
+        del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)
-    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "recall@5": m["final_recall@5"], "train_loss": m["train_loss"],
+    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "recall@5": m["final_recall@5"], "recall@5_pruned_eval": pruned_eval, "recall@5_reloaded": full_eval, "train_loss": m["train_loss"],
            "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
            "wall_s": round(time.perf_counter() - t0, 1), "valid_curve": m["valid_curve"]}
     print(row, flush=True)
@@ -194,6 +207,13 @@ def recall(args) -> dict:
         tps = statistics.mean(r["tokens_per_s"] for r in mine)
         per_seed = ", ".join(f"{r['recall@5']:.4f}" for r in mine)
         print(f"| {v} | {per_seed} | {mean:.4f} | {rel} | {paired:+.4f} | {tps:.0f} |")
+    if args.prune_eval:
+        print("\nSAP runs validated again from the saved model (float32), unpruned vs with the same SAP at prefill:\n")
+        print("| variant | seed | Recall@5 unpruned | Recall@5 pruned eval |")
+        print("|---|---|---|---|")
+        for r in rows:
+            if r["recall@5_pruned_eval"] is not None:
+                print(f"| {r['variant']} | {r['seed']} | {r['recall@5_reloaded']:.4f} | {r['recall@5_pruned_eval']:.4f} |")
     return {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "device": args.device,
             "eval_users": args.eval_users, "rows": rows}
 
@@ -225,6 +245,8 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (speed: CUDA peak allocated memory on a GPU)")
     p.add_argument("--jobs", type=int, default=1, help="recall: runs side by side in separate processes")
     p.add_argument("--keep-models", action="store_true", help="recall: keep each run's sft folder")
+    p.add_argument("--prune-eval", action="store_true",
+                   help="recall: also validate SAP runs with the same pruning at prefill (as eval --prune)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)  # shared CPU: one thread per process keeps contention noise down

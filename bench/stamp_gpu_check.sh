@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device check that #5 still needs: Recall@5 of SAP's ranking rules on smollm2-135m, sample + MovieLens-100k.
-# Sized for one call on one H200 (~6 min: pull 40 s, 2 x init-vocab 20 s, 3 x 4 runs side by side ~90 s each).
+# Sized for one call on one H200 (~8 min: 2 x init-vocab 20 s, 3 x 4 runs side by side ~90 s each, plus ~40 s each
+# for validating the SAP runs again with the same pruning at prefill: does matching training and eval help?).
 #
 #   GENCLI_HOME=/path/with/smollm2 bash bench/stamp_gpu_check.sh SAMPLE_WORKDIR ML100K_WORKDIR OUT_DIR
 #
@@ -19,10 +20,10 @@ for w in "$SAMPLE" "$ML100K"; do
     | tail -c 200 || exit 2
 done
 R="--seeds 2 --jobs 4 --max-steps $STEPS --eval-every $(( (STEPS + 1) / 2 )) --batch-size 32 --lr 2e-4
-   --max-history 40 --eval-users $USERS --eval-beams 20 --device $DEVICE"
+   --max-history 40 --eval-users $USERS --eval-beams 20 --device $DEVICE --prune-eval"
 python bench/stamp.py recall --workdir "$SAMPLE" $R --variants sap@recency,sap@attention \
-  --out "$OUT/sample/recall.json" 2>&1 | grep -v -i warn | tail -8
+  --out "$OUT/sample/recall.json" 2>&1 | grep -v -i warn | tail -14
 python bench/stamp.py recall --workdir "$ML100K" $R --variants base,sap@recency --out "$OUT/ml100k/recall.json" \
-  2>&1 | grep -v -i warn | tail -8
+  2>&1 | grep -v -i warn | tail -14
 python bench/stamp.py recall --workdir "$ML100K" $R --variants sap,stamp --out "$OUT/ml100k2/recall.json" \
-  2>&1 | grep -v -i warn | tail -8
+  2>&1 | grep -v -i warn | tail -14

@@ -38,6 +38,7 @@ from gencli.core.engine import EarlyStopping, ProgressCallback, fit, make_loss
 from gencli.core.metrics import rank_of_target, recall_at_k
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
+from gencli.core.stamp import SapSettings
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
@@ -90,7 +91,7 @@ class RecallEvaluator:
     """Validation Recall@5 (and @10 when the beam allows) of a seeded user subsample, constrained decoding."""
 
     def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
-                 device: torch.device):
+                 device: torch.device, prune: SapSettings | None = None):
         n = valid.height
         picked = np.arange(n)
         if 0 < cfg.eval_users < n:
@@ -99,7 +100,7 @@ class RecallEvaluator:
         self.prompts = [build_prompt(h, item_tokens, cfg.max_history, vocab.bos_id) for h in rows["history"].to_list()]
         self.targets = rows["target"].to_numpy().astype(np.int64)
         self.trie = SidTrie(item_tokens)
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.prune = cfg, device, prune  # prune: decode as `eval --prune` does
         # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
         self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
 
@@ -107,7 +108,7 @@ class RecallEvaluator:
         beams = self.cfg.eval_beams
         items, _ = constrained_beam_search(model, self.prompts, self.trie, beams=beams, top_k=beams,
                                            batch_size=self.cfg.batch_size, device=self.device,
-                                           softmax_rows=self.softmax_rows)
+                                           softmax_rows=self.softmax_rows, prune=self.prune)
         ranks = rank_of_target(items, self.targets)
         metrics = {f"recall@{k}": recall_at_k(ranks, k) for k in (5, 10, 20) if k <= beams}
         return {**metrics, "users": len(self.targets)}
