@@ -2,7 +2,7 @@
 
 For the latest prefix of users with long histories (prompts of ``--min-tokens``+ tokens), this
 runs the model once on every token and then, for each selection strategy, runs layers L+1..
-on the kept tokens only (the engine's own ``stamp.score_tokens`` / ``select_tokens`` /
+on the kept tokens only (the engine's own ``stamp.sap_factors`` / ``select_tokens`` /
 ``forward_kept``, so exactly what ``sft --sap`` trains on). At the target SID positions it
 compares the pruned model's distribution over SID tokens with the full model's:
 
@@ -41,22 +41,6 @@ from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
 BASE_STRATEGIES = ("sap", "sap-mean", "norm", "attn", "recency", "random")
 # "+sink": position 0 (BOS, the attention sink of a pretrained LM) is protected too
 STRATEGIES = (*BASE_STRATEGIES, *(f"{s}+sink" for s in BASE_STRATEGIES))
-
-
-def factors(model, input_ids: torch.Tensor, valid: torch.Tensor, layer: int):
-    """Hidden states after ``layer`` layers, and the two raw SAP factors: ||h||_1 and summed attention received."""
-    decoder = stamp._decoder(model)
-    hidden = decoder.embed_tokens(input_ids)
-    positions = torch.arange(input_ids.shape[1])[None, :].expand(input_ids.shape[0], -1)
-    rope = decoder.rotary_emb(hidden, position_ids=positions)
-    mask = stamp._mask(decoder, hidden, valid)
-    for block in decoder.layers[: layer - 1]:
-        hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
-    probs = stamp.attention_probs(decoder.layers[layer - 1], hidden, rope, valid)
-    hidden = decoder.layers[layer - 1](hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
-                                       use_cache=False)
-    received = (probs * valid[:, None, :, None]).sum(dim=(1, 2))
-    return hidden, hidden.float().abs().sum(dim=-1), received
 
 
 def strategy_scores(name: str, norm: torch.Tensor, received: torch.Tensor, valid: torch.Tensor,
@@ -110,7 +94,7 @@ def run(args) -> dict:
         ref = sid_log_probs(model, full.last_hidden_state[labelled], rows)
         first = labelled & ~torch.cat([torch.zeros_like(labelled[:, :1]), labelled[:, :-1]], dim=1)  # first target per row
         ref_first = sid_log_probs(model, full.last_hidden_state[first], rows).argmax(-1)
-        hidden, norm, received = factors(model, ids, valid, args.layer)
+        hidden, norm, received = stamp.sap_factors(model, ids, batch["attention_mask"], args.layer)
         protected = stamp.protected_positions(targets, valid, args.window)
         n_valid = valid.sum(dim=1, keepdim=True).float()
         for name in STRATEGIES:

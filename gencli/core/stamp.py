@@ -33,8 +33,9 @@ nothing.
 (S_attn alone, as in heavy-hitter KV-cache eviction) or ``recency`` (newest first; no
 attention matrix is recomputed). On a pretrained backbone the S_sem factor ranks tokens
 worse than chance (high-norm tokens at layer 2 are not the informative ones; see
-docs/benchmarks.md), which is why the other two exist. Kept indices are sorted (order preserved), hidden states gathered,
-and the remaining layers see the original position ids (RoPE) and a causal + padding mask
+docs/benchmarks.md), which is why the other two exist.
+
+Kept indices are sorted (order preserved), hidden states gathered, and the remaining layers see the original position ids (RoPE) and a causal + padding mask
 rebuilt over the kept tokens (sorted positions make "causal in kept order" equal to "causal
 in original positions"). With the usual small window, exactly ``floor(keep_ratio * N)``
 tokens remain. (In cpt nearly every position carries a loss target, so SAP keeps nearly
@@ -87,7 +88,6 @@ class SapSettings:
     """The last W positions of each sequence are always kept (target + prompt suffix)."""
     score: str = "importance"
     """How tokens are ranked: importance (S_sem x S_attn, the paper's), attention (S_attn only) or recency."""
-
 
 
 @dataclass
@@ -166,12 +166,6 @@ def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     return (probs * valid[:, None, :, None]).sum(dim=(1, 2))
 
 
-def importance(hidden: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """I = Norm(||h_i||_1) * Norm(sum_{h, j} A[h, j, i]) per token [B, N]; padding queries add nothing."""
-    sem = hidden.float().abs().sum(dim=-1)
-    return minmax(sem, valid) * minmax(attention_received(probs, valid), valid)
-
-
 def select_tokens(scores: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor,
                   keep_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices to keep per row, sorted ascending: (index [B, K], slot valid [B, K]).
@@ -207,13 +201,14 @@ def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer
     _check_layers(_decoder(model), layer, option)
 
 
-def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 layer: int, score: str = "importance") -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``layer`` decoder layers on every token: (hidden states after them [B, N, d], importance [B, N]).
+def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int,
+                attention: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The first ``layer`` decoder layers on every token, and SAP's raw factors from the last of them.
 
-    ``attention_mask`` is the right-padded 2D mask (positions 0..N-1). The scores carry no
-    gradient; the hidden states do (training continues from them). Shared by SAP in training
-    and ``eval --prune``.
+    Returns (hidden states after them [B, N, d], ||h_i||_1 [B, N], attention received [B, N] or None
+    when ``attention`` is False, which skips recomputing the attention matrix). ``attention_mask``
+    is the right-padded 2D mask (positions 0..N-1). The factors carry no gradient; the hidden
+    states do (training continues from them).
     """
     decoder = _decoder(model)
     _check_layers(decoder, layer)
@@ -225,20 +220,31 @@ def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
     for block in decoder.layers[: layer - 1]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
     scoring_layer = decoder.layers[layer - 1]
-    if score == "recency":  # newest first: no attention matrix to recompute
-        hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
-                               use_cache=False)
-        return hidden, positions.float()
-    with torch.no_grad():
-        probs = attention_probs(scoring_layer, hidden, rope, valid)
+    received = None
+    if attention:
+        with torch.no_grad():
+            received = attention_received(attention_probs(scoring_layer, hidden, rope, valid), valid)
     hidden = scoring_layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
                            use_cache=False)
     with torch.no_grad():
-        if score == "attention":
-            scores = minmax(attention_received(probs, valid), valid)
-        else:
-            scores = importance(hidden, probs, valid)
-    return hidden, scores
+        norm = hidden.float().abs().sum(dim=-1)
+    return hidden, norm, received
+
+
+def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 layer: int, score: str = "importance") -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden states after the first ``layer`` layers [B, N, d], each token's score [B, N] under ``score``).
+
+    importance = Norm(||h||_1) x Norm(attention received), attention = Norm(attention received),
+    recency = the position. Shared by SAP in training and ``eval --prune``.
+    """
+    hidden, norm, received = sap_factors(model, input_ids, attention_mask, layer, attention=score != "recency")
+    valid = attention_mask.bool()
+    if score == "recency":  # newest first
+        return hidden, torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(norm).float()
+    if score == "attention":
+        return hidden, minmax(received, valid)
+    return hidden, minmax(norm, valid) * minmax(received, valid)
 
 
 def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
