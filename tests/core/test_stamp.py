@@ -123,6 +123,18 @@ def test_keep_ratio_one_reproduces_the_unpruned_logits(family, score):
     torch.testing.assert_close(logits[pruned.valid], reference[mask.bool()], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_keep_ratio_one_trains_with_the_base_gradients(family):
+    # no gradient path is cut by scoring, gathering or the rebuilt mask: every parameter gets base's gradient
+    ids, mask, targets = padded_batch()
+    batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
+    base, sap = tiny(family), tiny(family)
+    TokenLoss()(base, batch).backward()
+    make_loss(TrainConfig(sap=True, stamp_layer=1, keep_ratio=1.0))(sap, batch).backward()
+    for (name, a), (_, b) in zip(base.named_parameters(), sap.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_later_layers_see_the_original_position_ids():
     model = tiny("qwen3")
     ids, mask, targets = padded_batch()

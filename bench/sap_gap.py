@@ -1,0 +1,128 @@
+"""After training: does a model's prediction depend on the tokens SAP would prune? Forward passes and decoding only.
+
+For each trained sft model folder (``model/`` + ``sid_vocab.json``, e.g. kept by ``bench/stamp.py recall
+--keep-models``), on the workdir's data:
+
+- KL(full || pruned) in nats over the SID tokens at the target positions of a seeded sample of
+  *training* samples (the mix sft trains on, short prompts included), per SAP ranking rule: how
+  much the model's predictions move when layers L+1.. see only the kept tokens;
+- with ``--eval-score``: validation Recall@5 on the same seeded users as sft's validation,
+  decoded on full prompts and again with that pruning at prefill (``eval --prune``).
+
+Run on a base model and on SAP-trained ones: a small KL for both means pruning drops what the
+model does not use; a large KL for base only means base learned to use the pruned context and
+SAP training could not (no gradient reaches it after layer L).
+
+    python bench/sap_gap.py --workdir W --models R/recall-base-s0 R/recall-sap-recency-s0 --eval-score recency
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sap_fidelity import sid_log_probs  # noqa: E402
+
+from gencli.config import TrainConfig  # noqa: E402
+from gencli.core import artifacts, data, quantize, sft, stamp  # noqa: E402
+from gencli.core.backbone import load_model  # noqa: E402
+from gencli.core.engine import IGNORE_INDEX, collate  # noqa: E402
+from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
+
+
+@torch.no_grad()
+def pruning_kl(model, batches, settings: stamp.SapSettings, rows: torch.Tensor) -> dict:
+    """Mean and 90th percentile of KL(full || pruned) per target token, and the share of tokens kept."""
+    decoder = stamp._decoder(model)
+    kls, kept, total = [], 0, 0
+    for batch in batches:
+        ids, mask, targets = batch["input_ids"], batch["attention_mask"], batch["targets"]
+        full = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        pruned = stamp.pruned_forward(model, ids, mask, targets, settings)
+        kept_targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
+        # every target is protected, and kept indices are sorted: both list the targets in the same order
+        ref = sid_log_probs(model, full[targets != IGNORE_INDEX], rows)
+        got = sid_log_probs(model, pruned.hidden[kept_targets != IGNORE_INDEX], rows)
+        kls.append((ref.exp() * (ref - got)).sum(-1))
+        kept, total = kept + int(pruned.valid.sum()), total + int(mask.sum())
+    kl = torch.cat(kls)
+    return {"kl": round(float(kl.mean()), 4), "kl_p90": round(float(torch.quantile(kl, 0.9)), 4),
+            "kept_share": round(kept / total, 4)}
+
+
+def run(args) -> dict:
+    vocab = load_sid_vocab(args.workdir / "init-vocab" / artifacts.SID_VOCAB)
+    tokens = item_token_ids(quantize.load_item_codes(args.workdir / "quantize"), vocab)
+    ingest = args.workdir / "ingest"
+    train, valid = data.load_split(ingest, "train"), data.load_split(ingest, "valid")
+    cfg = TrainConfig(max_history=args.max_history, batch_size=args.batch_size, eval_users=args.eval_users,
+                      eval_beams=args.eval_beams, seed=args.seed)
+    dataset = sft.SftExamples(train["sequence"], tokens, vocab, cfg.max_history, cfg.max_prefixes)
+    picked = np.sort(np.random.default_rng(args.seed).choice(len(dataset), size=args.samples, replace=False))
+    batches = [collate(dataset, picked[i:i + args.batch_size], vocab.pad_id) for i in range(0, args.samples,
+                                                                                            args.batch_size)]
+    rows = torch.tensor(vocab.all_ids, dtype=torch.long)
+    result = {"samples": args.samples, "mean_tokens": round(float(dataset.lengths()[picked].mean()), 1),
+              "layer": args.layer, "keep_ratio": args.keep_ratio, "window": args.window, "models": []}
+    for folder in args.models:
+        model, _ = load_model(folder / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
+        model.eval()
+        entry = {"model": str(folder)}
+        for score in args.scores.split(","):
+            settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, score)
+            entry[f"kl_{score}"] = pruning_kl(model, batches, settings, rows)
+        if args.eval_score:
+            settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
+            with torch.no_grad():
+                entry["recall@5_full"], entry["recall@5_pruned"] = (
+                    sft.RecallEvaluator(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]
+                    for prune in (None, settings))
+        print(entry, flush=True)
+        result["models"].append(entry)
+        del model
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", type=Path, required=True, help="ingest, quantize and init-vocab of the runs")
+    p.add_argument("--models", type=Path, nargs="+", required=True, help="sft output folders")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-history", type=int, default=40)
+    p.add_argument("--layer", type=int, default=2)
+    p.add_argument("--keep-ratio", type=float, default=0.5)
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--scores", default="importance,recency")
+    p.add_argument("--eval-score", default="", help="also validate unpruned and with this pruning at prefill")
+    p.add_argument("--eval-users", type=int, default=400)
+    p.add_argument("--eval-beams", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    result = run(args)
+    print(f"\n{args.samples} training samples ({result['mean_tokens']} tokens on average), L={args.layer} "
+          f"alpha={args.keep_ratio} W={args.window}\n")
+    scores = args.scores.split(",")
+    print("| model | " + " | ".join(f"KL {s} (p90)" for s in scores) + " | Recall@5 full | Recall@5 pruned |")
+    print("|---|" + "---|" * (len(scores) + 2))
+    for m in result["models"]:
+        kl = " | ".join(f"{m[f'kl_{s}']['kl']:.4f} ({m[f'kl_{s}']['kl_p90']:.4f})" for s in scores)
+        full, pruned = m.get("recall@5_full"), m.get("recall@5_pruned")
+        print(f"| {Path(m['model']).name} | {kl} | {full if full is not None else '-'} | "
+              f"{pruned if pruned is not None else '-'} |")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
