@@ -6,6 +6,8 @@ For each trained sft model folder (``model/`` + ``sid_vocab.json``, e.g. kept by
 - KL(full || pruned) in nats over the SID tokens at the target positions of a seeded sample of
   *training* samples (the mix sft trains on, short prompts included), per SAP ranking rule: how
   much the model's predictions move when layers L+1.. see only the kept tokens;
+- with ``--grad-cosine``: on the first batch of those samples, the cosine similarity and norm ratio of
+  the SAP loss's gradient against the plain loss's, per parameter group (how differently one step moves);
 - with ``--eval-score``: validation Recall@5 on the same seeded users as sft's validation,
   decoded on full prompts and again with that pruning at prefill (``eval --prune``).
 
@@ -33,7 +35,7 @@ from sap_fidelity import sid_log_probs  # noqa: E402
 from gencli.config import TrainConfig  # noqa: E402
 from gencli.core import artifacts, data, quantize, sft, stamp  # noqa: E402
 from gencli.core.backbone import load_model  # noqa: E402
-from gencli.core.engine import IGNORE_INDEX, collate  # noqa: E402
+from gencli.core.engine import IGNORE_INDEX, TokenLoss, collate, make_loss  # noqa: E402
 from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
 
 
@@ -57,6 +59,34 @@ def pruning_kl(model, batches, settings: stamp.SapSettings, rows: torch.Tensor) 
             "kept_share": round(kept / total, 4)}
 
 
+GRAD_GROUPS = {"embeddings": lambda n, L: "embed_tokens" in n,
+               "layers 1..L": lambda n, L: ".layers." in n and int(n.split(".layers.")[1].split(".")[0]) < L,
+               "layers L+1..": lambda n, L: ".layers." in n and int(n.split(".layers.")[1].split(".")[0]) >= L,
+               "all": lambda n, L: True}
+
+
+def grad_cosine(model, batch: dict, settings: stamp.SapSettings) -> dict:
+    """Cosine similarity and norm ratio (SAP / base) of one batch's loss gradients, per parameter group."""
+    def grads(loss_fn) -> dict:
+        model.zero_grad(set_to_none=True)
+        loss_fn(model, batch).backward()
+        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.train()
+    base = grads(TokenLoss())
+    sap = grads(make_loss(TrainConfig(sap=True, stamp_layer=settings.layer, keep_ratio=settings.keep_ratio,
+                                      recent_window=settings.recent_window, sap_score=settings.score)))
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    out = {}
+    for group, member in GRAD_GROUPS.items():
+        names = [n for n in base if member(n, settings.layer)]
+        a, b = torch.cat([base[n].flatten() for n in names]), torch.cat([sap[n].flatten() for n in names])
+        out[group] = {"cos": round(float(torch.nn.functional.cosine_similarity(a, b, dim=0)), 3),
+                      "norm_ratio": round(float(b.norm() / a.norm()), 3)}
+    return out
+
+
 def run(args) -> dict:
     vocab = load_sid_vocab(args.workdir / "init-vocab" / artifacts.SID_VOCAB)
     tokens = item_token_ids(quantize.load_item_codes(args.workdir / "quantize"), vocab)
@@ -78,6 +108,8 @@ def run(args) -> dict:
         for score in args.scores.split(","):
             settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, score)
             entry[f"kl_{score}"] = pruning_kl(model, batches, settings, rows)
+            if args.grad_cosine:  # the first batch: does SAP's update point where base's does?
+                entry[f"grad_{score}"] = grad_cosine(model, batches[0], settings)
         if args.eval_score:
             settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
             with torch.no_grad():
@@ -101,6 +133,7 @@ def main() -> None:
     p.add_argument("--keep-ratio", type=float, default=0.5)
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--scores", default="importance,recency")
+    p.add_argument("--grad-cosine", action="store_true", help="also compare one batch's SAP and base gradients")
     p.add_argument("--eval-score", default="", help="also validate unpruned and with this pruning at prefill")
     p.add_argument("--eval-users", type=int, default=400)
     p.add_argument("--eval-beams", type=int, default=20)
@@ -120,6 +153,15 @@ def main() -> None:
         full, pruned = m.get("recall@5_full"), m.get("recall@5_pruned")
         print(f"| {Path(m['model']).name} | {kl} | {full if full is not None else '-'} | "
               f"{pruned if pruned is not None else '-'} |")
+    if args.grad_cosine:
+        print("\nGradient of one batch, SAP against base: cosine (norm ratio SAP / base)\n")
+        print("| model | rule | " + " | ".join(GRAD_GROUPS) + " |")
+        print("|---|---|" + "---|" * len(GRAD_GROUPS))
+        for m in result["models"]:
+            for s in scores:
+                g = m[f"grad_{s}"]
+                print(f"| {Path(m['model']).name} | {s} | "
+                      + " | ".join(f"{g[k]['cos']:.3f} ({g[k]['norm_ratio']:.2f})" for k in GRAD_GROUPS) + " |")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
