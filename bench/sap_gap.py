@@ -81,7 +81,9 @@ def grad_cosine(model, batch: dict, settings: stamp.SapSettings) -> dict:
     out = {}
     for group, member in GRAD_GROUPS.items():
         names = [n for n in base if member(n, settings.layer)]
-        a, b = torch.cat([base[n].flatten() for n in names]), torch.cat([sap[n].flatten() for n in names])
+        # float64: a float32 dot product over 10^8 entries rounds far enough to print cosines above 1
+        a = torch.cat([base[n].flatten() for n in names]).double()
+        b = torch.cat([sap[n].flatten() for n in names]).double()
         out[group] = {"cos": round(float(torch.nn.functional.cosine_similarity(a, b, dim=0)), 3),
                       "norm_ratio": round(float(b.norm() / a.norm()), 3)}
     return out
