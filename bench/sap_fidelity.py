@@ -70,6 +70,11 @@ def sid_log_probs(model, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tens
     return torch.log_softmax(hidden.float() @ weight.float().T, dim=-1)
 
 
+def kl_per_row(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """KL(ref || got) per row, in nats, of two log-probability tensors [n, V]."""
+    return (ref.exp() * (ref - got)).sum(-1)
+
+
 @torch.no_grad()
 def run(args) -> dict:
     folder = args.workdir / args.model_step
@@ -108,7 +113,7 @@ def run(args) -> dict:
             keep = kept_targets != IGNORE_INDEX
             got = sid_log_probs(model, out.hidden[keep], rows)
             # both sides list the labelled positions in row-major order, so they line up
-            stats[name]["kl"].extend((ref.exp() * (ref - got)).sum(-1).tolist())
+            stats[name]["kl"].extend(kl_per_row(ref, got).tolist())
             kept_first = keep & ~torch.cat([torch.zeros_like(keep[:, :1]), keep[:, :-1]], dim=1)
             got_first = sid_log_probs(model, out.hidden[kept_first], rows).argmax(-1)
             stats[name]["agree"].extend((got_first == ref_first).float().tolist())

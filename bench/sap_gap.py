@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sap_fidelity import sid_log_probs  # noqa: E402
+from sap_fidelity import kl_per_row, sid_log_probs  # noqa: E402
 
 from gencli.config import TrainConfig  # noqa: E402
 from gencli.core import artifacts, data, quantize, sft, stamp  # noqa: E402
@@ -52,7 +52,7 @@ def pruning_kl(model, batches, settings: stamp.SapSettings, rows: torch.Tensor) 
         # every target is protected, and kept indices are sorted: both list the targets in the same order
         ref = sid_log_probs(model, full[targets != IGNORE_INDEX], rows)
         got = sid_log_probs(model, pruned.hidden[kept_targets != IGNORE_INDEX], rows)
-        kls.append((ref.exp() * (ref - got)).sum(-1))
+        kls.append(kl_per_row(ref, got))
         kept, total = kept + int(pruned.valid.sum()), total + int(mask.sum())
     kl = torch.cat(kls)
     return {"kl": round(float(kl.mean()), 4), "kl_p90": round(float(torch.quantile(kl, 0.9)), 4),
@@ -65,19 +65,25 @@ GRAD_GROUPS = {"embeddings": lambda n, L: "embed_tokens" in n,
                "all": lambda n, L: True}
 
 
-def grad_cosine(model, batch: dict, settings: stamp.SapSettings) -> dict:
-    """Cosine similarity and norm ratio (SAP / base) of one batch's loss gradients, per parameter group."""
-    def grads(loss_fn) -> dict:
-        model.zero_grad(set_to_none=True)
-        loss_fn(model, batch).backward()
-        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
+def batch_grads(model, batch: dict, loss_fn) -> dict:
+    """Each parameter's gradient of ``loss_fn`` on one batch (train mode; the model's grads are cleared after)."""
     model.train()
-    base = grads(TokenLoss())
-    sap = grads(make_loss(TrainConfig(sap=True, stamp_layer=settings.layer, keep_ratio=settings.keep_ratio,
-                                      recent_window=settings.recent_window, sap_score=settings.score)))
+    model.zero_grad(set_to_none=True)
+    loss_fn(model, batch).backward()
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     model.eval()
+    return out
+
+
+def grad_cosine(model, batch: dict, base: dict, settings: stamp.SapSettings) -> dict:
+    """Cosine similarity and norm ratio (SAP / base) of one batch's loss gradients, per parameter group.
+
+    ``base`` is :func:`batch_grads` of the plain loss on the same batch (computed once per model)."""
+    sap = batch_grads(model, batch, make_loss(TrainConfig(sap=True, stamp_layer=settings.layer,
+                                                          keep_ratio=settings.keep_ratio,
+                                                          recent_window=settings.recent_window,
+                                                          sap_score=settings.score)))
     out = {}
     for group, member in GRAD_GROUPS.items():
         names = [n for n in base if member(n, settings.layer)]
@@ -107,11 +113,12 @@ def run(args) -> dict:
         model, _ = load_model(folder / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
         model.eval()
         entry = {"model": str(folder)}
+        base_grads = batch_grads(model, batches[0], TokenLoss()) if args.grad_cosine else None
         for score in args.scores.split(","):
             settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, score)
             entry[f"kl_{score}"] = pruning_kl(model, batches, settings, rows)
             if args.grad_cosine:  # the first batch: does SAP's update point where base's does?
-                entry[f"grad_{score}"] = grad_cosine(model, batches[0], settings)
+                entry[f"grad_{score}"] = grad_cosine(model, batches[0], base_grads, settings)
         if args.eval_score:
             settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
             with torch.no_grad():
