@@ -169,7 +169,7 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)
-    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "recall@5": m["final_recall@5"], "recall@5_pruned_eval": pruned_eval, "recall@5_reloaded": full_eval, "train_loss": m["train_loss"],
+    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "stamp_layer": m.get("stamp_layer"), "recall@5": m["final_recall@5"], "recall@5_pruned_eval": pruned_eval, "recall@5_reloaded": full_eval, "train_loss": m["train_loss"],
            "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
            "wall_s": round(time.perf_counter() - t0, 1), "valid_curve": m["valid_curve"]}
     print(row, flush=True)
@@ -215,7 +215,9 @@ def recall(args) -> dict:
             if r["recall@5_pruned_eval"] is not None:
                 print(f"| {r['variant']} | {r['seed']} | {r['recall@5_reloaded']:.4f} | {r['recall@5_pruned_eval']:.4f} |")
     return {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "device": args.device,
-            "eval_users": args.eval_users, "rows": rows}
+            "eval_users": args.eval_users, "eval_beams": args.eval_beams, "max_history": args.max_history,
+            "stamp_layer": args.layer, "keep_ratio": args.keep_ratio, "recent_window": args.window,
+            "sap_score": args.sap_score, "mtp_lambda": args.mtp_lambda, "mtp_weight": args.mtp_weight, "rows": rows}
 
 
 def main() -> None:
@@ -229,7 +231,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-history", type=int, default=40)
     p.add_argument("--min-tokens", type=int, default=128)
-    p.add_argument("--layer", type=int, default=2)
+    p.add_argument("--layer", type=int, default=TrainConfig.stamp_layer,
+                   help="SAP layer L (0 = gencli's default: a quarter of the layers, at least 2)")
     p.add_argument("--keep-ratio", type=float, default=0.5)
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--max-steps", type=int, default=200)
@@ -257,7 +260,7 @@ def main() -> None:
         args.variants = args.variants or "base,sap,map,stamp"
         result = speed(args)
     elif args.what == "sensitivity":
-        grid = [f"sap-L{layer}-a{a}" for layer in (1, 2, 4) for a in (0.3, 0.5, 0.7)]
+        grid = [f"sap-L{layer}-a{a}" for layer in (1, 2, 4, 8) for a in (0.3, 0.5, 0.7)]
         args.variants = args.variants or ",".join(["base", *grid])
         result = speed(args)
     else:

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The device check that #5 still needs: Recall@5 of STAMP's parts on smollm2-135m, two seeds each, on MovieLens-100k
-# (not measured at a sane lr) and on sample_data with a barely pruning SAP (keep ratio 0.9: does any pruning at all
-# cost recall? keep 0.7 trained no better than 0.5 on the CPU). Sized for one call on one H200
-# (~8 min: 2 x init-vocab 20 s, then 3 waves of 4 runs side by side, ~90-120 s each).
+# The device check that #5 still needs: Recall@5 of STAMP with gencli's default SAP layer (--stamp-layer 0: a quarter
+# of the layers, 8 of smollm2's 30) on smollm2-135m, two seeds each: on sample_data, base and stamp (one seed of
+# each was measured on the CPU: L = 8 came within noise of base, L = 2 lost half); on MovieLens-100k (not measured
+# at a sane lr), base, map, sap and stamp. Sized for one call on one H200 (~8 min: 2 x init-vocab 20 s, then
+# 3 waves of 4 runs side by side, ~90-120 s each).
 #
 #   GENCLI_HOME=/path/with/smollm2 bash bench/stamp_gpu_check.sh SAMPLE_WORKDIR ML100K_WORKDIR OUT_DIR
 #
 # Each workdir must hold ingest, embed and quantize (e.g. bench/common.py prepare_shared(..., 3, 64));
 # init-vocab (smollm2-135m, centroid) is run here when missing. Settings are those of the H200 and CPU tables in
-# docs/benchmarks.md (300 steps, batch 32, lr 2e-4, 400 validation users, 20 beams, seeds 0 and 1). On sample,
-# base, map and SAP at keep ratio 0.5 are measured there already (SAP: -54% to -73% with every ranking rule).
+# docs/benchmarks.md (300 steps, batch 32, lr 2e-4, 400 validation users, 20 beams, seeds 0 and 1).
 set -uo pipefail
 SAMPLE=${1:?sample workdir}; ML100K=${2:?ml100k workdir}; OUT=${3:?output folder}
 mkdir -p "$OUT"
@@ -22,7 +22,7 @@ for w in "$SAMPLE" "$ML100K"; do
 done
 R="--seeds 2 --jobs 4 --max-steps $STEPS --eval-every $(( (STEPS + 1) / 2 )) --batch-size 32 --lr 2e-4
    --max-history 40 --eval-users $USERS --eval-beams 20 --device $DEVICE"
-python bench/stamp.py recall --workdir "$SAMPLE" $R --variants base,sap@recency --keep-ratio 0.9 \
-  --out "$OUT/sample-a09/recall.json" 2>&1 | grep -v -i warn | tail -8
-python bench/stamp.py recall --workdir "$ML100K" $R --variants base,map,sap@recency,sap \
+python bench/stamp.py recall --workdir "$SAMPLE" $R --variants base,stamp \
+  --out "$OUT/sample/recall.json" 2>&1 | grep -v -i warn | tail -8
+python bench/stamp.py recall --workdir "$ML100K" $R --variants base,map,sap,stamp \
   --out "$OUT/ml100k/recall.json" 2>&1 | grep -v -i warn | tail -10

@@ -221,8 +221,9 @@ class EvalConfig:
     dtype: str = "auto"
     prune: bool = False
     """STAMP SAP on the history at prefill: the whole model prefills only the kept prompt tokens."""
-    prune_layer: int = 2
-    """prune: layers 1..L score every prompt token (the last of them scores; < layers). Default = sft's --stamp-layer."""
+    prune_layer: int = 0
+    """prune: layers 1..L score every prompt token (the last of them scores; < layers). Default = sft's
+    --stamp-layer: 0 = a quarter of the model's layers rounded up, at least 2."""
     prune_keep_ratio: float = 0.5
     """prune: fraction alpha of each prompt's tokens kept, floor(alpha * N). Default = sft's --keep-ratio."""
     prune_window: int = 16
@@ -232,7 +233,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         c = _Checks("eval")
-        c.require(self.prune_layer >= 1, f"--prune-layer must be >= 1 (got {self.prune_layer})")
+        c.require(self.prune_layer >= 0, f"--prune-layer must be >= 0, 0 = auto (got {self.prune_layer})")
         c.require(0 < self.prune_keep_ratio <= 1, f"--prune-keep-ratio must be in (0, 1] (got {self.prune_keep_ratio})")
         c.require(self.prune_window >= 1,
                   f"--prune-window must be >= 1: decoding starts from the last prompt token (got {self.prune_window})")
@@ -297,8 +298,10 @@ class TrainConfig:
     """STAMP SAP: prune low-importance tokens after layer stamp_layer (training only; --stamp = sap + map)."""
     map: bool = False
     """STAMP MAP: auxiliary next-next-token loss through the shared LM head (training only)."""
-    stamp_layer: int = 2
-    """SAP: decoder layers that see every token; the last of them scores the tokens (1-based, < layers)."""
+    stamp_layer: int = 0
+    """SAP: decoder layers that see every token; the last of them scores the tokens (1-based, < layers).
+    0 = a quarter of the model's layers rounded up, at least 2 (8 of smollm2-135m's 30): after layer 2 SAP
+    cost half of smollm2's Recall@5, after layer 8 it did not (docs/benchmarks.md)."""
     keep_ratio: float = 0.5
     """SAP: fraction alpha of each sequence's tokens kept, floor(alpha * N)."""
     recent_window: int = 16
@@ -316,7 +319,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         c = _Checks(self.task)
-        c.require(self.stamp_layer >= 1, f"--stamp-layer must be >= 1 (got {self.stamp_layer})")
+        c.require(self.stamp_layer >= 0, f"--stamp-layer must be >= 0, 0 = auto (got {self.stamp_layer})")
         c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
         c.choice("sap-score", self.sap_score, SAP_SCORES)
         c.positive("recent-window", self.recent_window, allow_zero=True)

@@ -29,8 +29,9 @@ def _eval_options(f):
         click.option("--prune/--no-prune", default=False, show_default=True,
                      help="STAMP SAP on the history at prefill: prefill only the kept prompt tokens (faster on long "
                           "histories; may cost recall)."),
-        click.option("--prune-layer", type=int, default=2, show_default=True,
-                     help="--prune: layers that see every prompt token; the last of them scores the tokens."),
+        click.option("--prune-layer", type=int, default=0, show_default=True,
+                     help="--prune: layers that see every prompt token; the last of them scores the tokens "
+                          "(0 = a quarter of the layers, at least 2)."),
         click.option("--prune-keep-ratio", type=float, default=0.5, show_default=True,
                      help="--prune: fraction of each prompt's tokens kept."),
         click.option("--prune-window", type=int, default=16, show_default=True,

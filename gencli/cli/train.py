@@ -29,8 +29,9 @@ def _train_options(f):
         click.option("--stamp", is_flag=True, help="STAMP: --sap and --map together (training-time only)."),
         click.option("--sap", is_flag=True, help="Prune low-importance tokens after --stamp-layer (faster, less memory)."),
         click.option("--map", "map_", is_flag=True, help="Auxiliary next-next-token loss through the shared head."),
-        click.option("--stamp-layer", type=int, default=2, show_default=True,
-                     help="SAP: decoder layers that see every token; the last one scores them."),
+        click.option("--stamp-layer", type=int, default=0, show_default=True,
+                     help="SAP: decoder layers that see every token; the last one scores them "
+                          "(0 = a quarter of the layers, at least 2)."),
         click.option("--keep-ratio", type=float, default=0.5, show_default=True,
                      help="SAP: fraction of each sequence's tokens kept, floor(ratio * N)."),
         click.option("--recent-window", type=int, default=16, show_default=True,

@@ -33,6 +33,7 @@ from gencli.core.device import resolve_device
 from gencli.core.engine import IGNORE_INDEX, ListExamples, ProgressCallback, fit, make_loss
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import item_token_ids, load_sid_vocab
+from gencli.core.stamp import check_layer
 from gencli.errors import InputError
 
 
@@ -125,6 +126,7 @@ def run(
     vocab = load_sid_vocab(vocab_path)
     item_tokens = item_token_ids(item_codes, vocab)
     model, tokenizer = load_model(model_dir, resolve_device(cfg.device), torch.float32)
+    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None  # fail before training, not at step 1
     texts = text_token_ids(tokenizer, item_texts, cfg.max_text_tokens)
     dataset = cpt_examples(item_tokens, texts, vocab.bos_id, vocab.eos_id, cfg.text_to_sid)
     if len(dataset) == 0:
@@ -160,4 +162,5 @@ def run(
         "text_to_sid": cfg.text_to_sid,
         "trainable_rows": n_new * len(params),
         "tied": len(params) == 1,
+        **({"stamp_layer": sap_layer} if cfg.sap else {}),  # the layer --stamp-layer 0 resolved to
     }

@@ -21,6 +21,7 @@ simple way is that layers 1..L run twice on the prompt (once full for the scores
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
@@ -315,7 +316,7 @@ def constrained_beam_search(
     if trie.vocab_bound > n_vocab:
         raise ValueError(f"the SID token ids go up to {trie.vocab_bound - 1} but the model has {n_vocab} logits")
     if prune is not None:
-        check_layer(model, prune.layer, "--prune-layer")
+        prune = dataclasses.replace(prune, layer=check_layer(model, prune.layer, "--prune-layer"))
         if prune.recent_window < 1:
             raise ValueError("prune.recent_window must be >= 1: the last prompt token's logits start the decoding")
     model.eval()

@@ -24,7 +24,7 @@ from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.metrics import rank_of_target, summarize
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import SidVocab, build_prompt, item_token_ids
-from gencli.core.stamp import SapSettings
+from gencli.core.stamp import SapSettings, check_layer
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_COLUMNS = ("user_idx", "history", "target")
@@ -179,7 +179,10 @@ def run(
     device = resolve_device(cfg.device)
     model = _load_model(model_dir, device, resolve_dtype(cfg.dtype, device), trie.vocab_bound)
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
-    prune = SapSettings(cfg.prune_layer, cfg.prune_keep_ratio, cfg.prune_window, cfg.prune_score) if cfg.prune else None
+    prune = None
+    if cfg.prune:  # --prune-layer 0 (auto) resolved for this model, so metrics.json names the layer used
+        layer = check_layer(model, cfg.prune_layer, "--prune-layer")
+        prune = SapSettings(layer, cfg.prune_keep_ratio, cfg.prune_window, cfg.prune_score)
     result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
                             softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
 

@@ -54,6 +54,7 @@ from gencli.core.engine import IGNORE_INDEX, collate, default_param_groups, epoc
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sft import SftExamples, sid_rows
+from gencli.core.stamp import check_layer
 from gencli.errors import InputError
 
 PROFILE_JSON = "profile.json"
@@ -169,6 +170,7 @@ def profile_variant(
         torch.cuda.empty_cache()
     model, _ = load_model(model_dir, device, torch.float32)
     model.train()
+    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None
     loss_fn = make_loss(cfg, rows)
     groups = default_param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
@@ -229,6 +231,7 @@ def profile_variant(
         "activation_mb": round(activation / _MB, 3),
         "loss": round(float(np.mean(losses)), 4),
         "tokens": tokens,
+        **({"stamp_layer": sap_layer} if cfg.sap else {}),
     }
     if detail:
         record["top_ops"] = _top_ops(lambda: step(timed[0]), device)
@@ -300,8 +303,12 @@ def run(
         "batch_size": train_cfg.batch_size,
         "mean_tokens_per_sample": round(float(lengths.mean()), 1),
         "reference": reference["variant"],
-        "stamp_settings": {k: getattr(train_cfg, k) for k in ("stamp_layer", "keep_ratio", "recent_window",
-                                                              "sap_score", "mtp_lambda", "mtp_weight", "sid_softmax")},
+        "stamp_settings": {
+            **{k: getattr(train_cfg, k) for k in ("stamp_layer", "keep_ratio", "recent_window", "sap_score",
+                                                  "mtp_lambda", "mtp_weight", "sid_softmax")},
+            # the layer --stamp-layer 0 (auto) resolved to, as SAP ran it
+            "stamp_layer": next((r["stamp_layer"] for r in results if "stamp_layer" in r), train_cfg.stamp_layer),
+        },
         "variants": results,
     }
     out_dir = Path(out_dir)

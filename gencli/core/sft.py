@@ -38,7 +38,7 @@ from gencli.core.engine import EarlyStopping, ProgressCallback, fit, make_loss
 from gencli.core.metrics import rank_of_target, recall_at_k
 from gencli.core.progress import SILENT, Progress
 from gencli.core.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
-from gencli.core.stamp import SapSettings
+from gencli.core.stamp import SapSettings, check_layer
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
@@ -162,6 +162,7 @@ def run(
                          "ingest with a larger --min-user-events or check the interactions file")
     device = resolve_device(cfg.device)
     model, tokenizer = load_model(model_dir, device, torch.float32)
+    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None  # fail before training, not at step 1
     evaluate = None if valid is None else RecallEvaluator(valid, item_tokens, vocab, cfg, device)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
@@ -188,6 +189,7 @@ def run(
         "samples": len(dataset),
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
+        **({"stamp_layer": sap_layer} if cfg.sap else {}),  # the layer --stamp-layer 0 resolved to
         "final_recall@5": curve[-1][EVAL_METRIC] if curve else None,
         "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
         "peak_step": summary["best_step"],

@@ -168,8 +168,9 @@ def test_eval_prune_is_recorded_and_exact_at_keep_ratio_one(piped, tmp_path):
     assert {k: pruned[k] for k in ("layer", "keep_ratio", "window")} == {"layer": 2, "keep_ratio": 0.5, "window": 4}
     assert 0.5 * pruned["prompt_tokens"] - 40 < pruned["kept_tokens"] < pruned["prompt_tokens"]
     record = json.loads((wd / "eval" / "step.json").read_text())
+    # params hold the option as given (0 = auto); metrics name the layer it resolved to (2 of the tiny preset's 4)
     assert {k: record["params"][k] for k in ("prune", "prune_layer", "prune_keep_ratio", "prune_window")} == {
-        "prune": True, "prune_layer": 2, "prune_keep_ratio": 0.5, "prune_window": 4}
+        "prune": True, "prune_layer": 0, "prune_keep_ratio": 0.5, "prune_window": 4}
     assert json.loads((wd / "eval" / "metrics.json").read_text())["prune"] == pruned
     bad = CliRunner().invoke(cli, [*base, "--prune-layer", "4", "--force"])
     assert bad.exit_code == 2 and "--prune-layer must be in [1, 3] for this 4-layer model" in _json(bad)["error"]

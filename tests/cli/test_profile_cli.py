@@ -38,6 +38,8 @@ def test_profile_is_a_workspace_step_with_a_json_and_a_table(tiny_workdir):
     rows = payload["metrics"]["variants"]
     assert [row["variant"] for row in rows] == ["base", "stamp"] and rows[0]["speedup"] == 1.0
     assert rows[1]["activation_mb"] < rows[0]["activation_mb"]
+    # --stamp-layer 0 (the default) resolves to a quarter of the tiny preset's 4 layers, at least 2
+    assert rows[1]["stamp_layer"] == 2 and payload["metrics"]["stamp_settings"]["stamp_layer"] == 2
     saved = json.loads((wd / "profile" / "profile.json").read_text())
     assert saved["variants"] == rows and saved["batch_size"] == 32  # sft's defaults (sft has not run)
     record = json.loads((wd / "profile" / "step.json").read_text())

@@ -164,7 +164,7 @@ def test_eval_run_records_pruning_and_keeps_rankings_at_ratio_one(model, tmp_pat
 
 def test_config_validates_every_prune_option_and_defaults_follow_training():
     with pytest.raises(ConfigError) as err:
-        EvalConfig(prune=True, prune_layer=0, prune_keep_ratio=0.0, prune_window=0)
+        EvalConfig(prune=True, prune_layer=-1, prune_keep_ratio=0.0, prune_window=0)
     assert [p.split(" ")[0] for p in err.value.problems] == ["--prune-layer", "--prune-keep-ratio", "--prune-window"]
     eval_cfg, train = EvalConfig(), TrainConfig()
     assert not eval_cfg.prune

@@ -229,3 +229,16 @@ def test_stamp_layer_must_leave_layers_to_prune():
     ids, mask, targets = padded_batch()
     with pytest.raises(Exception, match="--stamp-layer must be in \\[1, 2\\]"):
         stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=3))
+
+
+def test_auto_layer_is_a_quarter_of_the_depth_at_least_two():
+    assert [stamp.resolve_layer(stamp.AUTO_LAYER, n) for n in (2, 3, 4, 8, 12, 30, 32)] == [1, 2, 2, 2, 3, 8, 8]
+    assert stamp.resolve_layer(5, 30) == 5
+
+
+def test_auto_layer_prunes_after_the_resolved_layer():
+    model = tiny("llama")  # 3 layers: auto is layer 2
+    ids, mask, targets = padded_batch()
+    auto, two = (stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer, 0.5, 4)) for layer in (0, 2))
+    assert torch.equal(auto.index, two.index) and torch.equal(auto.hidden, two.hidden)
+    assert stamp.check_layer(model, 0) == 2
