@@ -243,7 +243,7 @@ def main() -> None:
     p.add_argument("--sid-softmax", action="store_true")
     p.add_argument("--seeds", type=int, default=1, help="recall: repeat with batch-order seeds 0..N-1")
     p.add_argument("--eval-beams", type=int, default=10)
-    p.add_argument("--sap-score", default="importance", help="SAP token ranking: importance, attention or recency")
+    p.add_argument("--sap-score", default=TrainConfig.sap_score, help="SAP token ranking: recency, importance or attention")
     p.add_argument("--eval-every", type=int, default=0, help="recall: also validate every N steps (a curve per run)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (speed: CUDA peak allocated memory on a GPU)")
     p.add_argument("--jobs", type=int, default=1, help="recall: runs side by side in separate processes")

@@ -36,7 +36,7 @@ def _eval_options(f):
                      help="--prune: fraction of each prompt's tokens kept."),
         click.option("--prune-window", type=int, default=16, show_default=True,
                      help="--prune: the last N prompt tokens are always kept."),
-        click.option("--prune-score", type=click.Choice(["importance", "attention", "recency"]), default="importance",
+        click.option("--prune-score", type=click.Choice(["importance", "attention", "recency"]), default="recency",
                      show_default=True, help="--prune: how prompt tokens are ranked (as sft's --sap-score)."),
     ]
     for option in reversed(options):

@@ -91,7 +91,7 @@ def test_prefill_sees_kept_tokens_at_their_original_positions(model):
 
 def test_kept_tokens_are_the_highest_sap_scores(model):
     prompts = prompts_of()
-    settings = stamp.SapSettings(layer=1, keep_ratio=0.3, recent_window=2)
+    settings = stamp.SapSettings(layer=1, keep_ratio=0.3, recent_window=2, score="importance")
     kept, positions = prune_prompts(model, prompts, settings, torch.device("cpu"))
     width = max(PROMPT_LENGTHS)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -152,7 +152,7 @@ def test_eval_run_records_pruning_and_keeps_rankings_at_ratio_one(model, tmp_pat
     half = run(EvalConfig(**common, prune=True), tmp_path / "model", vocab, codes, split, None, None, tmp_path / "half")
     # prompts: BOS + 3 tokens per item -> 37, 28, 22, 16, 10, 4, 1, 25, 37, 7 tokens (187)
     kept = 18 + 14 + 11 + 8 + 5 + 4 + 1 + 12 + 18 + 5  # 7 tokens keep 5: the window + the first
-    expected = {"layer": 1, "keep_ratio": 0.5, "window": 4, "score": "importance", "prompt_tokens": 187,
+    expected = {"layer": 1, "keep_ratio": 0.5, "window": 4, "score": "recency", "prompt_tokens": 187,
                 "kept_tokens": kept,
                 "kept_fraction": kept / 187}
     assert half["prune"] == expected
