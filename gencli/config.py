@@ -295,13 +295,13 @@ class TrainConfig:
     """Write a train line (mean loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps."""
     keep_checkpoints: int = 2
     sap: bool = False
-    """STAMP SAP: prune low-importance tokens after layer stamp_layer (training only; --stamp = sap + map)."""
+    """STAMP SAP: prune tokens (ranked by sap_score) after layer stamp_layer (training only; --stamp = sap + map)."""
     map: bool = False
     """STAMP MAP: auxiliary next-next-token loss through the shared LM head (training only)."""
     stamp_layer: int = 0
     """SAP: decoder layers that see every token; the last of them scores the tokens (1-based, < layers).
     0 = a quarter of the model's layers rounded up, at least 2 (8 of smollm2-135m's 30): after layer 2 SAP
-    cost half of smollm2's Recall@5, after layer 8 it did not (docs/benchmarks.md)."""
+    cost half of smollm2's Recall@5, after layer 8 (recency ranking) it did not (docs/benchmarks.md)."""
     keep_ratio: float = 0.5
     """SAP: fraction alpha of each sequence's tokens kept, floor(alpha * N)."""
     recent_window: int = 16

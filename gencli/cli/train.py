@@ -27,7 +27,7 @@ def _train_options(f):
                      show_default=True),
         click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint."),
         click.option("--stamp", is_flag=True, help="STAMP: --sap and --map together (training-time only)."),
-        click.option("--sap", is_flag=True, help="Prune low-importance tokens after --stamp-layer (faster, less memory)."),
+        click.option("--sap", is_flag=True, help="Prune tokens after --stamp-layer (ranked by --sap-score; faster, less memory)."),
         click.option("--map", "map_", is_flag=True, help="Auxiliary next-next-token loss through the shared head."),
         click.option("--stamp-layer", type=int, default=0, show_default=True,
                      help="SAP: decoder layers that see every token; the last one scores them "
