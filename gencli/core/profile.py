@@ -304,10 +304,10 @@ def run(
         "mean_tokens_per_sample": round(float(lengths.mean()), 1),
         "reference": reference["variant"],
         "stamp_settings": {
-            **{k: getattr(train_cfg, k) for k in ("stamp_layer", "keep_ratio", "recent_window", "sap_score",
-                                                  "mtp_lambda", "mtp_weight", "sid_softmax")},
             # the layer --stamp-layer 0 (auto) resolved to, as SAP ran it
             "stamp_layer": next((r["stamp_layer"] for r in results if "stamp_layer" in r), train_cfg.stamp_layer),
+            **{k: getattr(train_cfg, k) for k in ("keep_ratio", "recent_window", "sap_score", "mtp_lambda",
+                                                  "mtp_weight", "sid_softmax")},
         },
         "variants": results,
     }
