@@ -241,7 +241,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-users", type=int, default=200)
     p.add_argument("--sid-softmax", action="store_true")
-    p.add_argument("--seeds", type=int, default=1, help="recall: repeat with batch-order seeds 0..N-1")
+    p.add_argument("--seeds", type=int, default=1, help="recall: repeat with N batch-order seeds, from --first-seed")
+    p.add_argument("--first-seed", type=int, default=0, help="recall: the first seed (runs seeds K..K+N-1)")
     p.add_argument("--eval-beams", type=int, default=10)
     p.add_argument("--sap-score", default=TrainConfig.sap_score, help="SAP token ranking: recency, importance or attention")
     p.add_argument("--eval-every", type=int, default=0, help="recall: also validate every N steps (a curve per run)")
@@ -255,7 +256,7 @@ def main() -> None:
     torch.set_num_threads(1)  # shared CPU: one thread per process keeps contention noise down
     args.out = args.out or Path("/tmp/stamp-bench") / f"{args.what}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.seed_list = list(range(args.seeds))
+    args.seed_list = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.what == "speed":
         args.variants = args.variants or "base,sap,map,stamp"
         result = speed(args)
