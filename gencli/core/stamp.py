@@ -33,7 +33,7 @@ nothing.
 Why a quarter of the depth and not the paper's shallow L: on smollm2-135m (30 layers), pruning after
 layer 2 cost half of Recall@5 after 300 sft steps with every ranking rule and keep ratio we tried, while
 pruning after layer 8 (the same keep ratio 0.5) with the recency ranking lost 17% alone and matched base
-with MAP (STAMP, +4.3% on 1,600 users; with importance SAP still lost 69%); the layers before L are the only
+with MAP (STAMP, +4.3% and +6.1% at two seeds on 1,600 users; with importance SAP still lost 69%); the layers before L are the only
 ones where the dropped tokens still inform the kept ones (docs/benchmarks.md). Compute falls to
 L/n + (1 - L/n) x alpha of base's layer FLOPs: 63% at L = 8 of 30, alpha 0.5.
 
