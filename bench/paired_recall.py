@@ -26,7 +26,6 @@ import json
 import math
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.core import artifacts, data, quantize  # noqa: E402
 from gencli.core.backbone import load_model  # noqa: E402
-from gencli.core.decode import SidTrie, constrained_beam_search  # noqa: E402
-from gencli.core.metrics import ndcg_at_k, rank_of_target, recall_at_k  # noqa: E402
-from gencli.core.prompt import build_prompt, item_token_ids, load_sid_vocab  # noqa: E402
+from gencli.core.decode import SidTrie  # noqa: E402
+from gencli.core.evaluate import build_prompts, evaluate_model  # noqa: E402
+from gencli.core.metrics import ndcg_at_k, recall_at_k  # noqa: E402
+from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
 from gencli.core.sft import sid_rows  # noqa: E402
 
 SUBSAMPLE_USERS = 400  # stamp.py recall's --eval-users
@@ -69,9 +69,9 @@ def _split_rows(workdir: Path, split: str):
     return frame["history"].to_list(), frame["target"].to_numpy().astype(np.int64)
 
 
-def model_ranks(run_dir: Path, workdir: Path, splits: list[str], args) -> dict[str, np.ndarray]:
+def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, np.ndarray]], args) -> dict[str, np.ndarray]:
     """Target rank (0 = not in the top ``--beams``) of every user of each split; cached per run folder."""
-    tag = f"{'-'.join(splits)}-h{args.max_history}-b{args.beams}{'-sidsm' if args.sid_softmax else ''}"
+    tag = f"{'-'.join(split_rows)}-h{args.max_history}-b{args.beams}{'-sidsm' if args.sid_softmax else ''}"
     cache = run_dir / f"paired-ranks-{tag}.npz"
     if cache.is_file():
         with np.load(cache) as z:
@@ -81,16 +81,14 @@ def model_ranks(run_dir: Path, workdir: Path, splits: list[str], args) -> dict[s
     model, _ = load_model(run_dir / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
     trie = SidTrie(item_tokens)
     out = {}
-    for split in splits:
-        histories, targets = _split_rows(workdir, split)
-        prompts = [build_prompt(h, item_tokens, args.max_history, vocab.bos_id) for h in histories]
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            items, _ = constrained_beam_search(model, prompts, trie, beams=args.beams, top_k=args.beams,
-                                               batch_size=args.batch_size,
-                                               softmax_rows=sid_rows(vocab) if args.sid_softmax else None)
-        out[split] = rank_of_target(items, targets)
-        print(f"  {run_dir.name} {split}: {len(prompts)} users in {time.perf_counter() - t0:.0f} s", flush=True)
+    for split, (histories, targets) in split_rows.items():
+        prompts = build_prompts(histories, range(len(histories)), item_tokens, args.max_history, vocab.bos_id)
+        with torch.no_grad():  # the same decoding and ranking as gencli eval
+            result = evaluate_model(model, prompts, targets, trie, ks=(args.beams,), beams=args.beams,
+                                    batch_size=args.batch_size,
+                                    softmax_rows=sid_rows(vocab) if args.sid_softmax else None)
+        out[split] = result["ranks"]
+        print(f"  {run_dir.name} {split}: {len(prompts)} users in {result['decode_seconds']:.0f} s", flush=True)
     tmp = cache.with_suffix(".tmp.npz")
     np.savez(tmp, **out)
     tmp.replace(cache)  # atomic: a killed run leaves no half cache behind
@@ -127,10 +125,11 @@ def main() -> None:
     if ref not in runs:
         p.error(f"--ref {ref} is not one of the --model names ({', '.join(runs)})")
     splits = args.splits.split(",")
-    n_valid = _split_rows(args.workdir, "valid")[1].size
+    split_rows = {split: _split_rows(args.workdir, split) for split in splits}  # read once, shared by every model
+    n_valid = split_rows["valid"][1].size if "valid" in split_rows else 0
     ranks, rows = {}, []
     for name, folder in runs.items():
-        per_split = model_ranks(Path(folder), args.workdir, splits, args)
+        per_split = model_ranks(Path(folder), args.workdir, split_rows, args)
         ranks[name] = np.concatenate([per_split[s] for s in splits])
         seed = RUN_SEED.search(Path(folder).name)
         sub_recall = None
