@@ -15,18 +15,16 @@ checkpoint, stop.
 
 Resume is exact: a checkpoint holds the weights (HF folder), optimizer, scheduler, RNG
 states, callback states and the data position (epoch + batch index in the epoch's order,
-a pure function of seed and epoch), so a resumed run replays the uninterrupted one.
+a pure function of seed and epoch), so a resumed run replays the uninterrupted one. The
+folder and state I/O lives in :mod:`gencli.core.checkpoints`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
-import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,18 +38,25 @@ import torch.nn.functional as F
 
 from gencli.config import TrainConfig, to_dict
 from gencli.core import artifacts
-from gencli.core.backbone import quiet_transformers
+from gencli.core.checkpoints import (
+    CHECKPOINT_PREFIX,
+    TRAINER_STATE_NAME,
+    MetricsLog,
+    check_resumable,
+    checkpoint_step,
+    hf_writer,
+    list_checkpoints,
+    load_weights,
+    rng_state,
+    save_atomic,
+    set_rng_state,
+)
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.progress import SILENT, Progress
-from gencli.errors import ArtifactError, InputError
+from gencli.errors import InputError
 
 IGNORE_INDEX = -100
-TRAINER_STATE_NAME = "trainer_state.pt"
-CHECKPOINT_PREFIX = "step-"
 BUCKET_WINDOW = 64  # batches per shuffle window: sort by length inside it, so padding stays small
-_CKPT_RE = re.compile(r"^step-(\d+)$")
-# options that may change between a run and its resume without changing the result
-_RESUME_FREE = ("device", "patience", "save_every", "keep_checkpoints")
 
 
 class Examples(Protocol):
@@ -328,97 +333,6 @@ def _fire(callbacks: Sequence[Any], event: str, state: TrainState, control: Cont
             method(state, control, **kwargs)
 
 
-def _rng_state() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                  "has_gauss": has_gauss, "gauss": gauss},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints (``step-NNNNNN`` holding a trainer state), oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.iterdir() if _CKPT_RE.match(p.name) and (p / TRAINER_STATE_NAME).is_file()]
-    return sorted(found, key=lambda p: int(_CKPT_RE.match(p.name).group(1)))
-
-
-def save_atomic(final: Path, write: Callable[[Path], None]) -> None:
-    """Run ``write(tmp)`` into a hidden sibling folder, then rename it to ``final``: a kill mid-save
-    never leaves a ``final`` that looks complete (an older ``final`` is swapped out, then removed)."""
-    tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        with quiet_transformers():
-            model.save_pretrained(path)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(path)
-
-    return write
-
-
-def _load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Copy the weights of an HF folder into ``model`` in place (the optimizer keeps its tensors)."""
-    dtype = next(model.parameters()).dtype
-    try:
-        with quiet_transformers():
-            loaded = type(model).from_pretrained(path, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - any load failure means a corrupt checkpoint
-        raise ArtifactError(f"checkpoint {path} cannot be loaded ({exc}); delete it and resume again") from None
-    model.load_state_dict(loaded.state_dict())
-
-
-class _MetricsLog:
-    """metrics.jsonl, one JSON object per line, flushed per line (a killed run keeps its history)."""
-
-    def __init__(self, path: Path, keep_until_step: int | None):
-        kept: list[str] = []
-        if keep_until_step is not None and path.is_file():  # resume: drop lines past the checkpoint
-            kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= keep_until_step]
-        path.write_text("".join(ln + "\n" for ln in kept))
-        self._file = path.open("a", encoding="utf-8")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _step_of(line: str) -> float:
-    """Step of a metrics line; a line cut short by a kill counts as past any checkpoint."""
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return math.inf
-
-
 def _batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
     """Batches from the state's data position on, advancing the position as it goes."""
     lengths = dataset.lengths()
@@ -489,8 +403,8 @@ def fit(
     if existing:
         resumed_from = existing[-1]
         saved = torch.load(resumed_from / TRAINER_STATE_NAME, map_location="cpu", weights_only=True)
-        _check_resumable(saved, cfg, len(dataset), resumed_from)
-        _load_weights(model, resumed_from)
+        check_resumable(saved, cfg, len(dataset), resumed_from)
+        load_weights(model, resumed_from)
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         scaler.load_state_dict(saved["scaler"])
@@ -498,11 +412,11 @@ def fit(
         for cb in callbacks:
             if hasattr(cb, "load_state_dict") and type(cb).__name__ in saved["callbacks"]:
                 cb.load_state_dict(saved["callbacks"][type(cb).__name__])
-        _set_rng_state(saved["rng"])
-    log = _MetricsLog(out_dir / artifacts.METRICS_JSONL, state.global_step if resumed_from else None)
+        set_rng_state(saved["rng"])
+    log = MetricsLog(out_dir / artifacts.METRICS_JSONL, state.global_step if resumed_from else None)
     saved_step = state.global_step if resumed_from else -1
 
-    save_model = _hf_writer(model, tokenizer)
+    save_model = hf_writer(model, tokenizer)
 
     def write_checkpoint(path: Path) -> None:
         save_model(path)
@@ -512,7 +426,7 @@ def fit(
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(),
-                "rng": _rng_state(),
+                "rng": rng_state(),
                 "callbacks": {type(cb).__name__: cb.state_dict() for cb in callbacks if hasattr(cb, "state_dict")},
                 "config": to_dict(cfg),
                 "n_examples": len(dataset),
@@ -528,13 +442,13 @@ def fit(
             shutil.rmtree(old)
 
     def run_evaluation(control: Control) -> None:
-        rng = _rng_state()  # evaluation must not disturb the training RNG streams
+        rng = rng_state()  # evaluation must not disturb the training RNG streams
         model.eval()
         t0 = time.perf_counter()
         with torch.no_grad():
             metrics = dict(evaluate(model))
         model.train()
-        _set_rng_state(rng)
+        set_rng_state(rng)
         value = float(metrics[metric])
         is_best = state.best_metric is None or value > state.best_metric
         if is_best:
@@ -609,16 +523,5 @@ def fit(
         "best_step": state.best_step,
         f"best_{metric}": state.best_metric,
         "evals": state.evals,
-        "resumed_from_step": None if resumed_from is None else int(_CKPT_RE.match(resumed_from.name).group(1)),
+        "resumed_from_step": None if resumed_from is None else checkpoint_step(resumed_from),
     }
-
-
-def _check_resumable(saved: dict[str, Any], cfg: TrainConfig, n_examples: int, path: Path) -> None:
-    old, new = {**saved["config"], "examples": saved["n_examples"]}, {**to_dict(cfg), "examples": n_examples}
-    changed = [f"{k} ({old.get(k)!r} -> {v!r})" for k, v in sorted(new.items()) if k not in _RESUME_FREE and old.get(k) != v]
-    if changed:
-        what = ", ".join(changed)
-        raise InputError(
-            f"cannot resume from {path}: it was trained with different settings: {what}; "
-            "resume with the same options and inputs, or start over without --resume"
-        )

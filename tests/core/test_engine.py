@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
+from gencli.core.checkpoints import list_checkpoints
 from gencli.core.engine import (
     IGNORE_INDEX,
     EarlyStopping,
@@ -23,7 +24,6 @@ from gencli.core.engine import (
     default_param_groups,
     epoch_batches,
     fit,
-    list_checkpoints,
     lr_factor,
 )
 

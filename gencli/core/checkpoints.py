@@ -1,0 +1,142 @@
+"""Checkpoint I/O of the training loop: atomic folder saves, exact-resume state and metrics.jsonl.
+
+A checkpoint is ``checkpoints/step-NNNNNN/``: an HF folder (weights + tokenizer) plus
+``trainer_state.pt`` (optimizer, scheduler, RNG states, callback states, data position and
+the config it was trained with). Every folder is written under a hidden name and renamed
+into place, so a SIGKILL at any moment leaves either the old folder or the new one, never
+a half-written one that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gencli.config import TrainConfig, to_dict
+from gencli.core.backbone import quiet_transformers
+from gencli.errors import ArtifactError, InputError
+
+TRAINER_STATE_NAME = "trainer_state.pt"
+CHECKPOINT_PREFIX = "step-"
+_CKPT_RE = re.compile(r"^step-(\d+)$")
+# options that may change between a run and its resume without changing the result
+_RESUME_FREE = ("device", "patience", "save_every", "keep_checkpoints")
+
+
+def checkpoint_step(path: Path) -> int:
+    """The training step a checkpoint folder was saved at."""
+    return int(_CKPT_RE.match(path.name).group(1))
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoints (``step-NNNNNN`` holding a trainer state), oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if _CKPT_RE.match(p.name) and (p / TRAINER_STATE_NAME).is_file()]
+    return sorted(found, key=lambda p: int(_CKPT_RE.match(p.name).group(1)))
+
+
+def save_atomic(final: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write(tmp)`` into a hidden sibling folder, then rename it to ``final``: a kill mid-save
+    never leaves a ``final`` that looks complete (an older ``final`` is swapped out, then removed)."""
+    tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        with quiet_transformers():
+            model.save_pretrained(path)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+
+    return write
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Copy the weights of an HF folder into ``model`` in place (the optimizer keeps its tensors)."""
+    dtype = next(model.parameters()).dtype
+    try:
+        with quiet_transformers():
+            loaded = type(model).from_pretrained(path, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - any load failure means a corrupt checkpoint
+        raise ArtifactError(f"checkpoint {path} cannot be loaded ({exc}); delete it and resume again") from None
+    model.load_state_dict(loaded.state_dict())
+
+
+class MetricsLog:
+    """metrics.jsonl, one JSON object per line, flushed per line (a killed run keeps its history)."""
+
+    def __init__(self, path: Path, keep_until_step: int | None):
+        kept: list[str] = []
+        if keep_until_step is not None and path.is_file():  # resume: drop lines past the checkpoint
+            kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= keep_until_step]
+        path.write_text("".join(ln + "\n" for ln in kept))
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _step_of(line: str) -> float:
+    """Step of a metrics line; a line cut short by a kill counts as past any checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
+
+
+
+
+def check_resumable(saved: dict[str, Any], cfg: TrainConfig, n_examples: int, path: Path) -> None:
+    old, new = {**saved["config"], "examples": saved["n_examples"]}, {**to_dict(cfg), "examples": n_examples}
+    changed = [f"{k} ({old.get(k)!r} -> {v!r})" for k, v in sorted(new.items()) if k not in _RESUME_FREE and old.get(k) != v]
+    if changed:
+        what = ", ".join(changed)
+        raise InputError(
+            f"cannot resume from {path}: it was trained with different settings: {what}; "
+            "resume with the same options and inputs, or start over without --resume"
+        )
