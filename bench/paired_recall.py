@@ -15,6 +15,9 @@ subsample, which must reproduce the Recall@5 the run wrote to metrics.jsonl.
     GENCLI_HOME=/tmp/gencli-home python bench/paired_recall.py --workdir W \\
         --model base=RUNS/recall-base-s0 --model stamp=RUNS/recall-stamp-s0 --ref base
 
+A ``popularity`` row (every user gets the most frequent training targets, in order) gives the floor a trained
+model should clear on the same users; it is paired against ``--ref`` like the models.
+
 Per-user ranks are cached next to each model (``paired-ranks-*.npz``), so a rerun, or one with
 more models, decodes only what is new. Runs on one intra-op thread (``--threads``).
 """
@@ -95,6 +98,16 @@ def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, 
     return out
 
 
+def popularity_ranks(workdir: Path, split_rows: dict[str, tuple[list, np.ndarray]], beams: int) -> dict[str, np.ndarray]:
+    """Target rank when every user is shown the ``beams`` most frequent training targets (0 = not among them)."""
+    ingest = workdir / "ingest"
+    counts = data.train_target_counts(data.load_split(ingest, "train"), data.load_items(ingest).height)
+    order = np.argsort(-counts, kind="stable")  # ties: lower item index first, so the row is deterministic
+    rank_of = np.zeros(counts.size, dtype=np.int64)
+    rank_of[order[:beams]] = np.arange(1, min(beams, counts.size) + 1)
+    return {split: rank_of[targets] for split, (_, targets) in split_rows.items()}
+
+
 def logged_recall(run_dir: Path) -> float | None:
     """The final validation Recall@5 the training run wrote (metrics.jsonl)."""
     path = run_dir / "metrics.jsonl"
@@ -121,6 +134,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     runs = dict(m.split("=", 1) for m in args.model)
+    if "popularity" in runs:
+        p.error("'popularity' names the baseline row; give the model another NAME")
     ref = args.ref or next(iter(runs))
     if ref not in runs:
         p.error(f"--ref {ref} is not one of the --model names ({', '.join(runs)})")
@@ -128,18 +143,21 @@ def main() -> None:
     split_rows = {split: _split_rows(args.workdir, split) for split in splits}  # read once, shared by every model
     n_valid = split_rows["valid"][1].size if "valid" in split_rows else 0
     ranks, rows = {}, []
-    for name, folder in runs.items():
-        per_split = model_ranks(Path(folder), args.workdir, split_rows, args)
-        ranks[name] = np.concatenate([per_split[s] for s in splits])
-        seed = RUN_SEED.search(Path(folder).name)
-        sub_recall = None
-        if "valid" in per_split and seed:  # RecallEvaluator draws its subsample with the run's seed
-            sub = np.random.default_rng(int(seed.group(1))).choice(n_valid, size=SUBSAMPLE_USERS, replace=False)
-            sub_recall = recall_at_k(per_split["valid"][np.sort(sub)], 5)
-        rows.append({"name": name, "run_dir": str(folder), "users": int(ranks[name].size),
-                     "recall@5": recall_at_k(ranks[name], 5), "recall@10": recall_at_k(ranks[name], 10),
-                     "ndcg@10": ndcg_at_k(ranks[name], 10), "hits@5": int(((ranks[name] >= 1) & (ranks[name] <= 5)).sum()),
-                     "subsample_recall@5": sub_recall, "logged_recall@5": logged_recall(Path(folder))})
+    for name, folder in [*runs.items(), ("popularity", None)]:
+        sub_recall = logged = None
+        if folder is None:
+            per_split = popularity_ranks(args.workdir, split_rows, args.beams)
+        else:
+            per_split = model_ranks(Path(folder), args.workdir, split_rows, args)
+            seed, logged = RUN_SEED.search(Path(folder).name), logged_recall(Path(folder))
+            if "valid" in per_split and seed:  # RecallEvaluator draws its subsample with the run's seed
+                sub = np.random.default_rng(int(seed.group(1))).choice(n_valid, size=SUBSAMPLE_USERS, replace=False)
+                sub_recall = recall_at_k(per_split["valid"][np.sort(sub)], 5)
+        r = ranks[name] = np.concatenate([per_split[s] for s in splits])
+        rows.append({"name": name, "run_dir": None if folder is None else str(folder), "users": int(r.size),
+                     "recall@5": recall_at_k(r, 5), "recall@10": recall_at_k(r, 10), "ndcg@10": ndcg_at_k(r, 10),
+                     "hits@5": int(((r >= 1) & (r <= 5)).sum()), "subsample_recall@5": sub_recall,
+                     "logged_recall@5": logged})
     hit = {n: ((r >= 1) & (r <= 5)).astype(np.float64) for n, r in ranks.items()}
     print(f"\nAll users of {args.splits} ({rows[0]['users']}), {args.beams} beams, max_history {args.max_history}; "
           f"paired against {ref}\n")
