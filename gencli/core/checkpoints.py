@@ -39,6 +39,7 @@ def checkpoint_step(path: Path) -> int:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG stream the loop could draw from (python, numpy, torch, CUDA), as torch.save-able values."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -52,6 +53,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
     random.setstate(state["python"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
@@ -65,7 +67,7 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []
     found = [p for p in ckpt_dir.iterdir() if _CKPT_RE.match(p.name) and (p / TRAINER_STATE_NAME).is_file()]
-    return sorted(found, key=lambda p: int(_CKPT_RE.match(p.name).group(1)))
+    return sorted(found, key=checkpoint_step)
 
 
 def save_atomic(final: Path, write: Callable[[Path], None]) -> None:
@@ -129,9 +131,8 @@ def _step_of(line: str) -> float:
         return math.inf
 
 
-
-
 def check_resumable(saved: dict[str, Any], cfg: TrainConfig, n_examples: int, path: Path) -> None:
+    """Refuse a resume whose settings or example count differ from the checkpoint's (exit 2, naming each)."""
     old, new = {**saved["config"], "examples": saved["n_examples"]}, {**to_dict(cfg), "examples": n_examples}
     changed = [f"{k} ({old.get(k)!r} -> {v!r})" for k, v in sorted(new.items()) if k not in _RESUME_FREE and old.get(k) != v]
     if changed:
