@@ -21,10 +21,10 @@ for w in "$SAMPLE" "$ML100K"; do
     | tail -c 200 || exit 2
 done
 # MovieLens-100k has 96,458 sft samples of 136 tokens on average (max history 40): 300 steps are 0.1 epoch,
-# where smollm2 is near or below the popularity baseline (Recall@5 0.024 on all 1,886 valid + test users, from
+# where smollm2 stayed below the popularity baseline (Recall@5 0.024 on all 1,886 valid + test users, from
 # bench/paired_recall.py; 0.052 on test if seen items are excluded, which gencli eval does not), so ML_STEPS (default STEPS) should be
-# raised when the device budget allows: one epoch is 3,015 steps, ~7 min per run at the 30k tokens/s base
-# measured alone on an H200 (13.1M tokens), i.e. ~30 min for base and stamp at two seeds.
+# raised when the device budget allows: one epoch is 3,015 steps (13.1M tokens), estimated at ~7 min per run from
+# the 30k tokens/s base measured alone on an H200 (not timed), i.e. ~30 min for base and stamp at two seeds.
 ML_STEPS=${ML_STEPS:-$STEPS}
 common="--seeds 2 --jobs 4 --batch-size 32 --lr 2e-4 --max-history 40 --eval-users $USERS --eval-beams 20 --device $DEVICE"
 python bench/stamp.py recall --workdir "$SAMPLE" $common --max-steps "$STEPS" --eval-every $(( (STEPS + 1) / 2 )) \

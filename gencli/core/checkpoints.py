@@ -85,6 +85,7 @@ def save_atomic(final: Path, write: Callable[[Path], None]) -> None:
 
 
 def hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:
+    """A ``write(path)`` for :func:`save_atomic` that saves an HF folder (weights, and the tokenizer when given)."""
     def write(path: Path) -> None:
         with quiet_transformers():
             model.save_pretrained(path)
