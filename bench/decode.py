@@ -24,8 +24,9 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gencli.core.decode import SidTrie, constrained_beam_search  # noqa: E402
-from gencli.core.prompt import SidVocab, build_prompt, item_token_ids, load_sid_vocab  # noqa: E402
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids, load_sid_vocab
 
 
 def tiny_setup(levels: list[int], base_vocab: int, seed: int) -> tuple[torch.nn.Module, SidVocab]:

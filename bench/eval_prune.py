@@ -29,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from gencli.core import artifacts, data, quantize  # noqa: E402
-from gencli.core.decode import SidTrie  # noqa: E402
-from gencli.core.evaluate import build_prompts, evaluate_model, prune_summary  # noqa: E402
-from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
-from gencli.core.stamp import SapSettings  # noqa: E402
+from gencli.core import artifacts
+from gencli.core.data import tables
+from gencli.core.infer.evaluate import build_prompts, evaluate_model, prune_summary
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.sid import store
+from gencli.core.stamp.sap import SapSettings
 
 KS = (5, 10, 20)
 
@@ -41,8 +43,8 @@ KS = (5, 10, 20)
 def cohorts(workdir: Path, cold_max_train_count: int, max_users: int, seed: int = 0):
     """(name, test rows) for eval (a seeded subsample of ``max_users``, 0 = all) and cold-eval (all cold users)."""
     ingest = workdir / "ingest"
-    test = data.load_split(ingest, "test")
-    counts = data.train_target_counts(data.load_split(ingest, "train"), data.load_items(ingest).height)
+    test = tables.load_split(ingest, "test")
+    counts = tables.train_target_counts(tables.load_split(ingest, "train"), tables.load_items(ingest).height)
     cold = counts[test["target"].to_numpy()] <= cold_max_train_count
     rows = np.arange(test.height)
     if 0 < max_users < test.height:
@@ -71,7 +73,7 @@ def main() -> None:
 
     folder = args.workdir / args.model_step
     vocab = load_sid_vocab(folder / artifacts.SID_VOCAB)
-    tokens = item_token_ids(quantize.load_item_codes(args.workdir / "quantize"), vocab)
+    tokens = item_token_ids(store.load_item_codes(args.workdir / "quantize"), vocab)
     trie = SidTrie(tokens)
     device = torch.device(args.device)
     model = AutoModelForCausalLM.from_pretrained(folder / artifacts.MODEL_DIR, dtype=torch.float32).to(device).eval()

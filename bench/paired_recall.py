@@ -36,13 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gencli.core import artifacts, data, quantize  # noqa: E402
-from gencli.core.backbone import load_model  # noqa: E402
-from gencli.core.decode import SidTrie  # noqa: E402
-from gencli.core.evaluate import build_prompts, evaluate_model  # noqa: E402
-from gencli.core.metrics import ndcg_at_k, recall_at_k  # noqa: E402
-from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
-from gencli.core.sft import sid_rows  # noqa: E402
+from gencli.core import artifacts
+from gencli.core.data import tables
+from gencli.core.infer.evaluate import build_prompts, evaluate_model
+from gencli.core.infer.metrics import ndcg_at_k, recall_at_k
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.sid import store
+from gencli.core.train.sft import sid_rows
 
 SUBSAMPLE_USERS = 400  # stamp.py recall's --eval-users
 RUN_SEED = re.compile(r"-s(\d+)$")  # stamp.py recall names a run's folder recall-VARIANT-sSEED
@@ -68,7 +70,7 @@ def bootstrap_ci(diff: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[
 
 
 def _split_rows(workdir: Path, split: str):
-    frame = data.load_split(workdir / "ingest", split)
+    frame = tables.load_split(workdir / "ingest", split)
     return frame["history"].to_list(), frame["target"].to_numpy().astype(np.int64)
 
 
@@ -80,7 +82,7 @@ def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, 
         with np.load(cache) as z:
             return {k: z[k] for k in z.files}
     vocab = load_sid_vocab(run_dir / artifacts.SID_VOCAB)
-    item_tokens = item_token_ids(quantize.load_item_codes(workdir / "quantize"), vocab)
+    item_tokens = item_token_ids(store.load_item_codes(workdir / "quantize"), vocab)
     model, _ = load_model(run_dir / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
     trie = SidTrie(item_tokens)
     out = {}
@@ -101,7 +103,7 @@ def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, 
 def popularity_ranks(workdir: Path, split_rows: dict[str, tuple[list, np.ndarray]], beams: int) -> dict[str, np.ndarray]:
     """Target rank when every user is shown the ``beams`` most frequent training targets (0 = not among them)."""
     ingest = workdir / "ingest"
-    counts = data.train_target_counts(data.load_split(ingest, "train"), data.load_items(ingest).height)
+    counts = tables.train_target_counts(tables.load_split(ingest, "train"), tables.load_items(ingest).height)
     order = np.argsort(-counts, kind="stable")  # ties: lower item index first, so the row is deterministic
     rank_of = np.zeros(counts.size, dtype=np.int64)
     rank_of[order[:beams]] = np.arange(1, min(beams, counts.size) + 1)

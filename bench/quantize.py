@@ -3,7 +3,7 @@
 Both sides run the same levels, codebook sizes, iteration cap and seed, k-means++ seeding
 (greedy, n_init=1), the same re-normalisation of the residual at every level, and the same stop
 rule (no label changes, or max_iter: sklearn gets tol=0 and algorithm="lloyd"). Errors use one
-definition for both (gencli.core.quantize.residual_errors: per-level mean ||u_l - c||^2 and the
+definition for both (gencli.core.sid.quantize.residual_errors: per-level mean ||u_l - c||^2 and the
 reconstruction error = mean over items of the product of those, see the module docstring).
 
     python bench/quantize.py                       # 100k x 384 clustered vectors, 3 x 256 codes
@@ -34,7 +34,7 @@ def clustered(n: int, dim: int, clusters: int, spread: float, seed: int) -> np.n
 
 
 def run_ours(x: np.ndarray, codes: list[int], max_iter: int, seed: int, batch_size: int):
-    from gencli.core.quantize import residual_kmeans
+    from gencli.core.sid.quantize import residual_kmeans
 
     start = time.perf_counter()
     books, labels, stats = residual_kmeans(x, codes, max_iter, seed, batch_size, "cpu")
@@ -45,7 +45,7 @@ def run_ours(x: np.ndarray, codes: list[int], max_iter: int, seed: int, batch_si
 def run_sklearn(x: np.ndarray, codes: list[int], max_iter: int, seed: int):
     from sklearn.cluster import KMeans
 
-    from gencli.core.quantize import ZERO_NORM
+    from gencli.core.sid.quantize import ZERO_NORM
 
     def normalise(r: np.ndarray) -> np.ndarray:
         norms = np.linalg.norm(r, axis=1, keepdims=True)
@@ -84,7 +84,7 @@ def main() -> None:
 
     from threadpoolctl import threadpool_limits
 
-    from gencli.core.quantize import residual_errors
+    from gencli.core.sid.quantize import residual_errors
 
     torch.set_num_threads(args.threads)
     if args.embeddings:

@@ -2,7 +2,7 @@
 
 For the latest prefix of users with long histories (prompts of ``--min-tokens``+ tokens), this
 runs the model once on every token and then, for each selection strategy, runs layers L+1..
-on the kept tokens only (the engine's own ``stamp.sap_factors`` / ``select_tokens`` /
+on the kept tokens only (the engine's own ``sap.sap_factors`` / ``select_tokens`` /
 ``forward_kept``, so exactly what ``sft --sap`` trains on). At the target SID positions it
 compares the pruned model's distribution over SID tokens with the full model's:
 
@@ -33,10 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gencli.core import data, quantize, sft, stamp  # noqa: E402
-from gencli.core.backbone import load_model  # noqa: E402
-from gencli.core.engine import IGNORE_INDEX, collate  # noqa: E402
-from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
+from gencli.core.data import tables
+from gencli.core.lm import loss
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.sid import store
+from gencli.core.stamp import sap
+from gencli.core.train import sft
+from gencli.core.train.batches import collate
 
 BASE_STRATEGIES = ("sap", "sap-mean", "norm", "attn", "recency", "random")
 # "+sink": position 0 (BOS, the attention sink of a pretrained LM) is protected too
@@ -45,7 +50,7 @@ STRATEGIES = (*BASE_STRATEGIES, *(f"{s}+sink" for s in BASE_STRATEGIES))
 
 def strategy_scores(name: str, norm: torch.Tensor, received: torch.Tensor, valid: torch.Tensor,
                     rng: torch.Generator) -> torch.Tensor:
-    mm = stamp.minmax
+    mm = sap.minmax
     name = name.removesuffix("+sink")
     n = valid.shape[1]
     pos = torch.arange(n, dtype=torch.float32)[None, :].expand_as(norm)
@@ -79,9 +84,9 @@ def kl_per_row(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
 def run(args) -> dict:
     folder = args.workdir / args.model_step
     vocab = load_sid_vocab(folder / "sid_vocab.json")
-    codes = quantize.load_item_codes(args.workdir / "quantize")
+    codes = store.load_item_codes(args.workdir / "quantize")
     depth = codes.shape[1]
-    train = data.load_split(args.workdir / "ingest", "train")
+    train = tables.load_split(args.workdir / "ingest", "train")
     need = min(args.max_history, int(np.ceil((args.min_tokens - 1) / depth)) - 1)
     train = train.filter(train["sequence"].list.len() - 1 >= need).head(args.users)
     dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 1)
@@ -94,21 +99,21 @@ def run(args) -> dict:
     for start in range(0, len(order), args.batch_size):
         batch = collate(dataset, order[start:start + args.batch_size], vocab.pad_id)
         ids, valid, targets = batch["input_ids"], batch["attention_mask"].bool(), batch["targets"]
-        full = stamp._decoder(model)(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False)
+        full = loss.decoder_of(model)(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False)
         labelled = targets != IGNORE_INDEX
         ref = sid_log_probs(model, full.last_hidden_state[labelled], rows)
         first = labelled & ~torch.cat([torch.zeros_like(labelled[:, :1]), labelled[:, :-1]], dim=1)  # first target per row
         ref_first = sid_log_probs(model, full.last_hidden_state[first], rows).argmax(-1)
-        hidden, norm, received = stamp.sap_factors(model, ids, batch["attention_mask"], args.layer)
-        protected = stamp.protected_positions(targets, valid, args.window)
+        hidden, norm, received = sap.sap_factors(model, ids, batch["attention_mask"], args.layer)
+        protected = sap.protected_positions(targets, valid, args.window)
         n_valid = valid.sum(dim=1, keepdim=True).float()
         for name in STRATEGIES:
             scores = strategy_scores(name, norm, received, valid, rng)
             guard = protected.clone()
             if name.endswith("+sink"):
                 guard[:, 0] = True
-            index, slot_ok = stamp.select_tokens(scores, valid, guard, args.keep_ratio)
-            out = stamp.forward_kept(model, hidden, index, slot_ok, args.layer)
+            index, slot_ok = sap.select_tokens(scores, valid, guard, args.keep_ratio)
+            out = sap.forward_kept(model, hidden, index, slot_ok, args.layer)
             kept_targets = targets.gather(1, index).masked_fill(~slot_ok, IGNORE_INDEX)
             keep = kept_targets != IGNORE_INDEX
             got = sid_log_probs(model, out.hidden[keep], rows)

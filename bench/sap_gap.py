@@ -33,21 +33,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sap_fidelity import kl_per_row, sid_log_probs  # noqa: E402
 
 from gencli.config import TrainConfig  # noqa: E402
-from gencli.core import artifacts, data, quantize, sft, stamp  # noqa: E402
-from gencli.core.backbone import load_model  # noqa: E402
-from gencli.core.engine import IGNORE_INDEX, TokenLoss, collate, make_loss  # noqa: E402
-from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
+from gencli.core import artifacts
+from gencli.core.data import tables
+from gencli.core.lm import loss
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.sid import store
+from gencli.core.stamp import sap as stamp_sap
+from gencli.core.train import sft
+from gencli.core.train.batches import collate
+from gencli.core.train.loop import make_loss
 
 
 @torch.no_grad()
-def pruning_kl(model, batches, settings: stamp.SapSettings, rows: torch.Tensor) -> dict:
+def pruning_kl(model, batches, settings: stamp_sap.SapSettings, rows: torch.Tensor) -> dict:
     """Mean and 90th percentile of KL(full || pruned) per target token, and the share of tokens kept."""
-    decoder = stamp._decoder(model)
+    decoder = loss.decoder_of(model)
     kls, kept, total = [], 0, 0
     for batch in batches:
         ids, mask, targets = batch["input_ids"], batch["attention_mask"], batch["targets"]
         full = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        pruned = stamp.pruned_forward(model, ids, mask, targets, settings)
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, settings)
         kept_targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
         # every target is protected, and kept indices are sorted: both list the targets in the same order
         ref = sid_log_probs(model, full[targets != IGNORE_INDEX], rows)
@@ -76,7 +83,7 @@ def batch_grads(model, batch: dict, loss_fn) -> dict:
     return out
 
 
-def grad_cosine(model, batch: dict, base: dict, settings: stamp.SapSettings) -> dict:
+def grad_cosine(model, batch: dict, base: dict, settings: stamp_sap.SapSettings) -> dict:
     """Cosine similarity and norm ratio (SAP / base) of one batch's loss gradients, per parameter group.
 
     ``base`` is :func:`batch_grads` of the plain loss on the same batch (computed once per model)."""
@@ -97,9 +104,9 @@ def grad_cosine(model, batch: dict, base: dict, settings: stamp.SapSettings) -> 
 
 def run(args) -> dict:
     vocab = load_sid_vocab(args.workdir / "init-vocab" / artifacts.SID_VOCAB)
-    tokens = item_token_ids(quantize.load_item_codes(args.workdir / "quantize"), vocab)
+    tokens = item_token_ids(store.load_item_codes(args.workdir / "quantize"), vocab)
     ingest = args.workdir / "ingest"
-    train, valid = data.load_split(ingest, "train"), data.load_split(ingest, "valid")
+    train, valid = tables.load_split(ingest, "train"), tables.load_split(ingest, "valid")
     cfg = TrainConfig(max_history=args.max_history, batch_size=args.batch_size, eval_users=args.eval_users,
                       eval_beams=args.eval_beams, seed=args.seed)
     dataset = sft.SftExamples(train["sequence"], tokens, vocab, cfg.max_history, cfg.max_prefixes)
@@ -115,12 +122,12 @@ def run(args) -> dict:
         entry = {"model": str(folder)}
         base_grads = batch_grads(model, batches[0], TokenLoss()) if args.grad_cosine else None
         for score in args.scores.split(","):
-            settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, score)
+            settings = stamp_sap.SapSettings(args.layer, args.keep_ratio, args.window, score)
             entry[f"kl_{score}"] = pruning_kl(model, batches, settings, rows)
             if args.grad_cosine:  # the first batch: does SAP's update point where base's does?
                 entry[f"grad_{score}"] = grad_cosine(model, batches[0], base_grads, settings)
         if args.eval_score:
-            settings = stamp.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
+            settings = stamp_sap.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
             with torch.no_grad():
                 entry["recall@5_full"], entry["recall@5_pruned"] = (
                     sft.RecallEvaluator(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]

@@ -32,16 +32,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.config import TrainConfig  # noqa: E402
-from gencli.core import artifacts, data, engine, profile, quantize, sft  # noqa: E402
-from gencli.core.backbone import load_model  # noqa: E402
+from gencli.core import artifacts
+from gencli.core.data import tables
 from gencli.core.device import resolve_device  # noqa: E402
-from gencli.core.prompt import item_token_ids, load_sid_vocab  # noqa: E402
-from gencli.core.stamp import SapSettings  # noqa: E402
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.sid import store
+from gencli.core.stamp.sap import SapSettings
+from gencli.core.train import batches as train_batches
+from gencli.core.train import profile, sft
 
 
 def inputs(workdir: Path, model_step: str):
     folder = workdir / model_step
-    return folder / artifacts.MODEL_DIR, folder / artifacts.SID_VOCAB, quantize.load_item_codes(workdir / "quantize")
+    return folder / artifacts.MODEL_DIR, folder / artifacts.SID_VOCAB, store.load_item_codes(workdir / "quantize")
 
 
 def describe_device(device: torch.device) -> str:
@@ -61,13 +65,13 @@ def speed(args) -> dict:
     model_dir, vocab_path, codes = inputs(args.workdir, args.model_step)
     vocab = load_sid_vocab(vocab_path)
     depth = codes.shape[1]
-    train = long_users(data.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
+    train = long_users(tables.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
     device = resolve_device(args.device)
     base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
                            stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window,
                            sap_score=args.sap_score)
     dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1)
-    order = engine.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
+    order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
     variants = args.variants.split(",")
     results: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
@@ -143,7 +147,7 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     torch.set_num_threads(1)
     model_dir, vocab_path, codes = inputs(args.workdir, args.model_step)
     ingest = args.workdir / "ingest"
-    train, valid = data.load_split(ingest, "train"), data.load_split(ingest, "valid")
+    train, valid = tables.load_split(ingest, "train"), tables.load_split(ingest, "valid")
     kind, _, score = variant.partition("@")
     sap, mtp = profile.VARIANT_FLAGS[kind]
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,

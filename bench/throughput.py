@@ -1,7 +1,7 @@
 """sft training throughput: the engine's losses side by side, interleaved and repeated, at 1 and 2 threads.
 
-Every measurement is a real ``gencli.core.engine.fit`` call (the loop ``gencli sft`` runs) on the
-sample data's sft examples (:class:`gencli.core.sft.SftExamples` from the ingest, quantize and
+Every measurement is a real ``gencli.core.train.loop.fit`` call (the loop ``gencli sft`` runs) on the
+sample data's sft examples (:class:`gencli.core.train.sft.SftExamples` from the ingest, quantize and
 init-vocab artifacts of a workdir), with a :class:`TrainConfig`; only the loss function differs:
 
 - ``full``: the engine's default loss (LM head over the whole vocabulary, at target positions only);
@@ -98,8 +98,8 @@ class HfLabelsLoss:
 def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_size: int, seed: int) -> float:
     """tokens/s of one fit() call, first step dropped."""
     from gencli.config import TrainConfig
-    from gencli.core.engine import fit, make_loss
-    from gencli.core.sft import sid_rows
+    from gencli.core.train.loop import fit, make_loss
+    from gencli.core.train.sft import sid_rows
 
     cfg = TrainConfig(task="sft", max_steps=steps + 1, batch_size=batch_size, lr=1e-4, log_every=1,
                       sid_softmax=mode == "sid", keep_checkpoints=1, seed=seed, device="cpu")
@@ -118,15 +118,16 @@ def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_s
 def bench_backbone(args: argparse.Namespace, backbone: str) -> list[dict]:
     import torch
 
-    from gencli.core import data, quantize
-    from gencli.core.backbone import load_model
-    from gencli.core.prompt import item_token_ids, load_sid_vocab
-    from gencli.core.sft import SftExamples
+    from gencli.core.data import tables
+    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+    from gencli.core.sid import store
+    from gencli.core.train.sft import SftExamples
 
     work = prepare(backbone, args.workroot, args.wheel)
     vocab = load_sid_vocab(work / "init-vocab" / "sid_vocab.json")
-    codes = quantize.load_item_codes(work / "quantize")
-    train = data.load_split(work / "ingest", "train")
+    codes = store.load_item_codes(work / "quantize")
+    train = tables.load_split(work / "ingest", "train")
     dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 0)
     model, _ = load_model(work / "init-vocab" / "model", "cpu", torch.float32)
     steps, batch = per_backbone(args.steps, backbone), per_backbone(args.batch_size, backbone)

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gencli.core.backbone import load_model, save_model  # noqa: E402
+from gencli.core.lm.backbone import load_model, save_model
 
 
 def main() -> None:

@@ -25,10 +25,10 @@ def embed(model, template, batch_size, dim, device, workdir, json_mode, force):
                        device=device)
 
     def body(run, ws, progress):
-        from gencli.core import data
-        from gencli.core import embed as core
+        from gencli.core.data import tables
+        from gencli.core.sid import embed as core
 
-        items = data.load_items(ws.input_dir("ingest", "embed"))
-        return core.run(cfg, data.item_text(items, cfg.template), run.out_dir, progress)
+        items = tables.load_items(ws.input_dir("ingest", "embed"))
+        return core.run(cfg, tables.item_text(items, cfg.template), run.out_dir, progress)
 
     execute(step="embed", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=["ingest"], body=body)

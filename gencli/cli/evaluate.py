@@ -63,12 +63,13 @@ def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_his
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core import data, evaluate
-        from gencli.core.prompt import load_sid_vocab
+        from gencli.core.data import tables
+        from gencli.core.infer import evaluate
+        from gencli.core.lm.prompt import load_sid_vocab
 
         ingest_dir = ws.input_dir("ingest", step)
-        counts = data.train_target_counts(data.load_split(ingest_dir, "train"), data.load_items(ingest_dir).height)
-        split_df = data.load_split(ingest_dir, cfg.split)
+        counts = tables.train_target_counts(tables.load_split(ingest_dir, "train"), tables.load_items(ingest_dir).height)
+        split_df = tables.load_split(ingest_dir, cfg.split)
         cohort = None
         if cold >= 0:
             cohort = counts[split_df["target"].to_numpy()] <= cold
@@ -76,7 +77,7 @@ def _run(step: str, cold: int, model_step, split, beams, ks, batch_size, max_his
         codes, _ = item_codes(ws, step)
         max_history = cfg.max_history or _trained_history(ws, chosen["step"])
         metrics = evaluate.run(dataclasses.replace(cfg, max_history=max_history), model_dir, load_sid_vocab(vocab_path), codes, split_df,
-                               data.popularity_buckets(counts), cohort, run.out_dir, progress)
+                               tables.popularity_buckets(counts), cohort, run.out_dir, progress)
         blocks = metrics.pop("metrics")  # overall/head/torso/tail at the top level: status and run show them
         return {"model_step": chosen["step"], "max_history": max_history, **metrics, **blocks}
 

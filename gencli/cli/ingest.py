@@ -36,7 +36,7 @@ def ingest(items_path, inter_path, fmt, user_core, item_core, dedupe, max_histor
     from gencli.config import IngestConfig
 
     def body(run, ws, progress):
-        from gencli.core import ingest as core
+        from gencli.core.data import ingest as core
 
         return core.run(cfg, items_path, inter_path, run.out_dir, progress)
 

@@ -37,12 +37,14 @@ def init_vocab(model, init, projection, scale, eps, seed, gti_steps, gti_lr, gti
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes
-        from gencli.core import backbone, data, quantize, vocab
+        from gencli.core.data import tables
+        from gencli.core.lm import backbone, vocab
+        from gencli.core.sid import store
 
-        items = data.load_items(ws.input_dir("ingest", "init-vocab"))
-        texts = data.item_text(items, data.LM_TEXT_TEMPLATE)
+        items = tables.load_items(ws.input_dir("ingest", "init-vocab"))
+        texts = tables.item_text(items, tables.LM_TEXT_TEMPLATE)
         codes, token_map = item_codes(ws, "init-vocab")
-        codebooks = quantize.load_codebook_list(ws.input_dir("quantize", "init-vocab"))
+        codebooks = store.load_codebook_list(ws.input_dir("quantize", "init-vocab"))
         base = backbone.resolve_backbone(cfg.model, run.out_dir, texts, cfg.seed)
         return vocab.run(cfg, base, texts, codebooks, codes, token_map, run.out_dir, progress)
 
@@ -57,7 +59,7 @@ def _model_fingerprint(spec: str) -> str:
     """Size+mtime of the backbone's weights, so a replaced model folder makes init-vocab rerun."""
     from pathlib import Path
 
-    from gencli.core.backbone import pulled_path
+    from gencli.core.lm.backbone import pulled_path
 
     path = pulled_path(spec) or Path(spec)
     if not path.is_dir():

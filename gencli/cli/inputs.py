@@ -36,7 +36,7 @@ def model_artifacts(ws, step: str, needed_by: str) -> tuple[Path, Path]:
 
 def item_codes(ws, needed_by: str):
     """SID codes [n_items, L+1] in item order and the token map, from the quantize step."""
-    from gencli.core import quantize
+    from gencli.core.sid import store
 
     qdir = ws.input_dir("quantize", needed_by)
-    return quantize.load_item_codes(qdir), quantize.load_token_map(qdir)
+    return store.load_item_codes(qdir), store.load_token_map(qdir)

@@ -40,12 +40,12 @@ def profile(variants, steps, warmup_steps, model_step, detail, device, workdir, 
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core import data
-        from gencli.core import profile as core
+        from gencli.core.data import tables
+        from gencli.core.train import profile as core
 
         model_dir, vocab_path = model_artifacts(ws, chosen["step"], "profile")
         codes, _ = item_codes(ws, "profile")
-        train = data.load_split(ws.input_dir("ingest", "profile"), "train")
+        train = tables.load_split(ws.input_dir("ingest", "profile"), "train")
         metrics = core.run(cfg, chosen["train"], model_dir, vocab_path, codes, train, run.out_dir, progress)
         return {"model_step": chosen["step"], **metrics}
 

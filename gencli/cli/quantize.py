@@ -33,12 +33,13 @@ def quantize(levels, codes, max_iter, seed, batch_size, device, codebooks_from, 
                        device=device, codebooks_from=str(codebooks_from.resolve()) if codebooks_from else "")
 
     def body(run, ws, progress):
-        from gencli.core import data, embed
-        from gencli.core import quantize as core
+        from gencli.core.data import tables
+        from gencli.core.sid import embed, store
+        from gencli.core.sid import quantize as core
 
-        items = data.load_items(ws.input_dir("ingest", "quantize"))
+        items = tables.load_items(ws.input_dir("ingest", "quantize"))
         x = embed.load_embeddings(ws.input_dir("embed", "quantize"))
-        previous = core.load_codebooks(_quantize_dir(codebooks_from)) if codebooks_from else None
+        previous = store.load_codebooks(_quantize_dir(codebooks_from)) if codebooks_from else None
         return core.run(cfg, x, items["item_id"].to_list(), run.out_dir, progress, previous=previous)
 
     files = {"codebooks-from": _quantize_dir(codebooks_from) / "codebooks.npz"} if codebooks_from else None

@@ -1,4 +1,4 @@
-"""gencli cpt / sft: the two training steps, one engine (gencli.core.engine)."""
+"""gencli cpt / sft: the two training steps, one engine (gencli.core.train.loop)."""
 
 from __future__ import annotations
 
@@ -66,13 +66,13 @@ def cpt(workdir, json_mode, force, resume, **kwargs):
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core import cpt as core
-        from gencli.core import data
+        from gencli.core.data import tables
+        from gencli.core.train import cpt as core
 
         model_dir, vocab_path = model_artifacts(ws, "init-vocab", "cpt")
-        items = data.load_items(ws.input_dir("ingest", "cpt"))
+        items = tables.load_items(ws.input_dir("ingest", "cpt"))
         codes, _ = item_codes(ws, "cpt")
-        texts = data.item_text(items, data.CPT_TEXT_TEMPLATE)
+        texts = tables.item_text(items, tables.CPT_TEXT_TEMPLATE)
         return core.run(cfg, model_dir, vocab_path, codes, texts, run.out_dir, progress, resume=resume)
 
     execute(step="cpt", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force,
@@ -111,14 +111,14 @@ def sft(workdir, json_mode, force, resume, **kwargs):
 
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core import data
-        from gencli.core import sft as core
+        from gencli.core.data import tables
+        from gencli.core.train import sft as core
 
         model_dir, vocab_path = model_artifacts(ws, chosen["step"], "sft")
         ingest_dir = ws.input_dir("ingest", "sft")
         codes, _ = item_codes(ws, "sft")
-        metrics = core.run(cfg, model_dir, vocab_path, codes, data.load_split(ingest_dir, "train"),
-                           data.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=resume)
+        metrics = core.run(cfg, model_dir, vocab_path, codes, tables.load_split(ingest_dir, "train"),
+                           tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=resume)
         return {"started_from": chosen["step"], **metrics}
 
     execute(step="sft", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gencli.core import artifacts
-from gencli.core.backbone import (
+from gencli.core.lm.backbone import (
     MODEL_INFO,
     PRESETS,
     build_tiny,

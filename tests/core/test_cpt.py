@@ -9,9 +9,10 @@ from factories import build_sid_model
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
-from gencli.core import artifacts, cpt
-from gencli.core.engine import IGNORE_INDEX
-from gencli.core.prompt import item_token_ids, load_sid_vocab
+from gencli.core import artifacts
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.train import cpt
 
 TEXTS = [f"red {w} shoe number {i}" if i % 3 else f"blue {w} hat" for i, w in
          enumerate(["wool", "silk", "cotton", "linen", "felt", "suede", "denim", "canvas"] * 2)]

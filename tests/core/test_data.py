@@ -1,4 +1,4 @@
-"""gencli.core.data: loaders, target counts, popularity buckets, item text."""
+"""gencli.core.data.tables: loaders, target counts, popularity buckets, item text."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from gencli.core import artifacts
-from gencli.core.data import item_text, load_items, load_split, popularity_buckets, train_target_counts
+from gencli.core.data.tables import item_text, load_items, load_split, popularity_buckets, train_target_counts
 from gencli.errors import ArtifactError, InputError
 
 ITEMS = pl.DataFrame(

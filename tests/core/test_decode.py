@@ -8,7 +8,8 @@ import torch
 from factories import tiny_qwen3
 from transformers import Qwen3ForCausalLM
 
-from gencli.core.decode import SidTrie, constrained_beam_search
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.trie import SidTrie
 
 BASE = 40
 

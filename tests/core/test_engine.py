@@ -13,19 +13,11 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
-from gencli.core.checkpoints import list_checkpoints
-from gencli.core.engine import (
-    IGNORE_INDEX,
-    EarlyStopping,
-    ListExamples,
-    TokenLoss,
-    batches_per_epoch,
-    collate,
-    default_param_groups,
-    epoch_batches,
-    fit,
-    lr_factor,
-)
+from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
+from gencli.core.train.batches import ListExamples, batches_per_epoch, collate, epoch_batches
+from gencli.core.train.callbacks import EarlyStopping
+from gencli.core.train.checkpoints import list_checkpoints
+from gencli.core.train.loop import default_param_groups, fit, lr_factor
 
 VOCAB = 48
 PAD = 0

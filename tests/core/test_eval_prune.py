@@ -13,10 +13,13 @@ import torch
 from factories import tiny_qwen3
 
 from gencli.config import EvalConfig, TrainConfig
-from gencli.core import artifacts, stamp
-from gencli.core.decode import SidTrie, constrained_beam_search, kept_count, prune_prompts
-from gencli.core.evaluate import run
-from gencli.core.prompt import SidVocab
+from gencli.core import artifacts
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.evaluate import run
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import SidVocab
+from gencli.core.stamp import sap
+from gencli.core.stamp.prefill import kept_count, prune_prompts
 from gencli.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,13 +59,13 @@ def test_keep_ratio_one_is_bit_identical_to_no_pruning(model):
     trie, prompts = SidTrie(catalog()), prompts_of()
     plain = constrained_beam_search(model, prompts, trie, beams=8, top_k=8, batch_size=4)
     pruned = constrained_beam_search(model, prompts, trie, beams=8, top_k=8, batch_size=4,
-                                     prune=stamp.SapSettings(layer=1, keep_ratio=1.0, recent_window=4))
+                                     prune=sap.SapSettings(layer=1, keep_ratio=1.0, recent_window=4))
     assert np.array_equal(plain[0], pruned[0]) and np.array_equal(plain[1], pruned[1])
 
 
 def test_prefill_sees_kept_tokens_at_their_original_positions(model):
     sids, prompts = catalog(), prompts_of()
-    settings = stamp.SapSettings(layer=1, keep_ratio=0.5, recent_window=4)
+    settings = sap.SapSettings(layer=1, keep_ratio=0.5, recent_window=4)
     calls, handle = record_calls(model)
     try:
         constrained_beam_search(model, prompts, SidTrie(sids), beams=5, top_k=5, batch_size=len(prompts),
@@ -91,7 +94,7 @@ def test_prefill_sees_kept_tokens_at_their_original_positions(model):
 
 def test_kept_tokens_are_the_highest_sap_scores(model):
     prompts = prompts_of()
-    settings = stamp.SapSettings(layer=1, keep_ratio=0.3, recent_window=2, score="importance")
+    settings = sap.SapSettings(layer=1, keep_ratio=0.3, recent_window=2, score="importance")
     kept, positions = prune_prompts(model, prompts, settings, torch.device("cpu"))
     width = max(PROMPT_LENGTHS)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -99,7 +102,7 @@ def test_kept_tokens_are_the_highest_sap_scores(model):
     for i, p in enumerate(prompts):
         ids[i, : len(p)], mask[i, : len(p)] = torch.tensor(p), 1
     with torch.no_grad():
-        _, scores = stamp.score_tokens(model, ids, mask, settings.layer)
+        _, scores = sap.score_tokens(model, ids, mask, settings.layer)
     for i, (p, pos) in enumerate(zip(prompts, positions, strict=True)):
         n = len(p)
         assert len(pos) == max(math.floor(0.3 * n), n if n <= 2 else 3) and kept[i] == [p[j] for j in pos]
@@ -113,7 +116,7 @@ def test_kept_tokens_are_the_highest_sap_scores(model):
 def test_pruned_scores_are_the_teacher_forced_scores_of_the_kept_prompt(model):
     """Exhaustive beam: each item's score is the log-prob of its SID after the kept tokens (original positions)."""
     sids, prompts = catalog(40), prompts_of((25, 12))
-    settings = stamp.SapSettings(layer=1, keep_ratio=0.4, recent_window=3)
+    settings = sap.SapSettings(layer=1, keep_ratio=0.4, recent_window=3)
     items, scores = constrained_beam_search(model, prompts, SidTrie(sids), beams=len(sids), top_k=6, prune=settings)
     kept, positions = prune_prompts(model, prompts, settings, torch.device("cpu"))
     for u, prompt in enumerate(prompts):

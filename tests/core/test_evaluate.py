@@ -10,9 +10,10 @@ from transformers import Qwen3ForCausalLM
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
-from gencli.core.decode import SidTrie, constrained_beam_search
-from gencli.core.evaluate import run
-from gencli.core.prompt import SidVocab, build_prompt, item_token_ids
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.evaluate import run
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.errors import ArtifactError, InputError
 
 LEVELS = (4, 4, 3)  # 2 levels + dedup

@@ -1,4 +1,4 @@
-"""gencli.core.ingest on hand-made logs with exact expectations, every bad-input case, every reader."""
+"""gencli.core.data.ingest on hand-made logs with exact expectations, every bad-input case, every reader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from gencli.config import IngestConfig
 from gencli.core import artifacts
-from gencli.core.ingest import gini, run
+from gencli.core.data.ingest import run
+from gencli.core.data.split import gini
 from gencli.errors import InputError
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from gencli.core.metrics import ndcg_at_k, rank_of_target, recall_at_k, summarize
+from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k, summarize
 
 
 def test_rank_of_target_is_one_based_and_zero_when_absent():

@@ -10,7 +10,7 @@ import pytest
 from factories import build_sid_model
 
 from gencli.config import ProfileConfig, TrainConfig
-from gencli.core import profile
+from gencli.core.train import profile
 from gencli.errors import ConfigError, InputError
 from gencli.workspace.hashing import sha256_file
 

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from gencli.core.prompt import IGNORE_INDEX, SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.lm.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
 from gencli.errors import ArtifactError, InputError
 
 VOCAB = SidVocab(token_ids=[[10, 11, 12], [13, 14], [15, 16]], bos_id=1, eos_id=2, pad_id=0, base_vocab_size=10)

@@ -1,4 +1,4 @@
-"""Residual k-means, dedup level, metrics, artifacts and --codebooks-from (gencli.core.quantize)."""
+"""Residual k-means, dedup level, metrics, artifacts and --codebooks-from (gencli.core.sid.quantize)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 
 from gencli.config import QuantizeConfig
 from gencli.core import artifacts
-from gencli.core import quantize as q
-from gencli.core.kmeans import GRAM_MAX_ROWS, _sqdist_to_rows, kmeans_plusplus
+from gencli.core.sid import quantize as q
+from gencli.core.sid import store
+from gencli.core.sid.kmeans import GRAM_MAX_ROWS, _sqdist_to_rows, kmeans_plusplus
 from gencli.errors import ArtifactError, InputError
 
 E = np.eye(3)
@@ -115,9 +116,9 @@ def test_dedup_level_numbers_groups_in_item_order():
 
 def test_collision_and_usage_stats_exact():
     codes = np.array([[0, 1], [0, 1], [0, 1], [1, 0], [2, 2]])
-    assert q.collision_stats(codes) == {"collision_rate": 0.6, "max_group_size": 3, "n_unique_sids": 3}
-    assert q.collision_stats(np.array([[0], [1]])) == {"collision_rate": 0.0, "max_group_size": 1, "n_unique_sids": 2}
-    usage = q.usage_stats(np.array([0, 0, 0, 1]), 4)
+    assert store.collision_stats(codes) == {"collision_rate": 0.6, "max_group_size": 3, "n_unique_sids": 3}
+    assert store.collision_stats(np.array([[0], [1]])) == {"collision_rate": 0.0, "max_group_size": 1, "n_unique_sids": 2}
+    usage = store.usage_stats(np.array([0, 0, 0, 1]), 4)
     assert usage["used"] == 2 and usage["utilisation"] == 0.5
     assert usage["perplexity"] == pytest.approx(math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))), rel=1e-12)
 
@@ -143,12 +144,12 @@ def test_run_writes_artifacts_and_metrics_on_a_hand_made_case(tmp_path):
     sids = pl.read_parquet(tmp_path / "a" / artifacts.SIDS)
     assert sids.schema == pl.Schema({"item_idx": pl.Int32, "item_id": pl.String, "codes": pl.List(pl.Int32)})
     assert sids["item_idx"].to_list() == list(range(11)) and sids["item_id"].to_list() == ids
-    full = q.load_item_codes(tmp_path / "a")
+    full = store.load_item_codes(tmp_path / "a")
     assert full.shape == (11, 3)
     assert full[:, 2].tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 1]
     assert (full[[8, 9], :2] == full[0, :2]).all() and (full[10, :2] == full[5, :2]).all()
 
-    books = q.load_codebook_list(tmp_path / "a")
+    books = store.load_codebook_list(tmp_path / "a")
     with np.load(tmp_path / "a" / artifacts.CODEBOOKS) as npz:
         assert npz.files == ["level_0", "level_1"]
     assert [b.shape for b in books] == [(2, 3), (4, 3)] and all(b.dtype == np.float32 for b in books)
@@ -156,7 +157,7 @@ def test_run_writes_artifacts_and_metrics_on_a_hand_made_case(tmp_path):
     token_map = json.loads((tmp_path / "a" / artifacts.TOKEN_MAP).read_text())
     assert token_map["levels"] == [2, 4, 3]
     assert token_map["tokens"][2] == ["<sid_2_0>", "<sid_2_1>", "<sid_2_2>"]
-    assert token_map == q.load_token_map(tmp_path / "a")
+    assert token_map == store.load_token_map(tmp_path / "a")
 
     assert metrics["collision_rate"] == pytest.approx(5 / 11, abs=1e-15)  # items 0, 8, 9 and 5, 10
     assert metrics["max_group_size"] == 3 and metrics["n_unique_sids"] == 8 and metrics["dedup_codes"] == 3
@@ -210,25 +211,25 @@ def test_codebooks_from_keeps_old_sids_and_gives_new_items_the_next_dedup(tmp_pa
     ids = [f"i{i}" for i in range(60)]
     cfg = QuantizeConfig(codes=(4, 4), max_iter=20, seed=0, batch_size=32, device="cpu")
     q.run(cfg, x, ids, tmp_path / "old")
-    old = q.load_item_codes(tmp_path / "old")
+    old = store.load_item_codes(tmp_path / "old")
     group = np.flatnonzero((old[:, :2] == old[5, :2]).all(1))
     assert old[group, 2].tolist() == list(range(len(group))) and group[-1] == 59
 
-    previous = q.load_codebooks(tmp_path / "old")
+    previous = store.load_codebooks(tmp_path / "old")
     assert previous.item_ids == ids and np.array_equal(previous.codes, old)
     # new catalogue: i59 is gone, the order changes, two new items copy item 5's embedding, one is elsewhere
     keep = list(range(59))[::-1]
     new_x = np.concatenate([x[keep], x[[5, 5]], clustered(1, 9)])
     new_ids = [ids[i] for i in keep] + ["new_a", "new_b", "new_c"]
     metrics = q.run(QuantizeConfig(codes=(8,), device="cpu"), new_x, new_ids, tmp_path / "new", previous=previous)
-    full = q.load_item_codes(tmp_path / "new")
+    full = store.load_item_codes(tmp_path / "new")
     assert np.array_equal(full[:59], old[keep])  # every old item keeps its SID, dedup included
     assert full[59, :2].tolist() == old[5, :2].tolist() == full[60, :2].tolist()
     assert full[59:61, 2].tolist() == [len(group), len(group) + 1]  # after i59's code: never reuse a removed SID
     assert metrics["items_new"] == 3 and metrics["items_kept"] == 59 and metrics["items_dropped"] == 1
     assert metrics["mode"] == "codebooks_from" and metrics["codes"] == [4, 4]
-    assert q.load_codebook_list(tmp_path / "new")[0].tobytes() == previous.codebooks[0].tobytes()
-    assert q.collision_stats(full)["n_unique_sids"] == len(full)
+    assert store.load_codebook_list(tmp_path / "new")[0].tobytes() == previous.codebooks[0].tobytes()
+    assert store.collision_stats(full)["n_unique_sids"] == len(full)
 
     with pytest.raises(InputError) as e:
         q.run(cfg, new_x[:, :8], new_ids, tmp_path / "bad", previous=previous)
@@ -240,17 +241,17 @@ def test_load_codebooks_names_the_bad_file(tmp_path):
     q.run(QuantizeConfig(codes=(4, 2), max_iter=5, device="cpu"), x, [str(i) for i in range(30)], tmp_path / "q")
 
     with pytest.raises(ArtifactError, match=r"codebooks\.npz is missing"):
-        q.load_codebooks(tmp_path / "nowhere")
+        store.load_codebooks(tmp_path / "nowhere")
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / artifacts.CODEBOOKS).write_bytes(b"not a zip")
     with pytest.raises(ArtifactError, match=r"codebooks\.npz is corrupt"):
-        q.load_codebooks(tmp_path / "corrupt")
+        store.load_codebooks(tmp_path / "corrupt")
 
     # SIDs of the wrong length for these codebooks
     frame = pl.read_parquet(tmp_path / "q" / artifacts.SIDS)
     frame.with_columns(pl.col("codes").list.head(2)).write_parquet(tmp_path / "q" / artifacts.SIDS)
     with pytest.raises(ArtifactError, match=r"sids\.parquet has SIDs of 2 codes"):
-        q.load_codebooks(tmp_path / "q")
+        store.load_codebooks(tmp_path / "q")
     (tmp_path / "q" / artifacts.SIDS).unlink()
     with pytest.raises(ArtifactError, match=r"sids\.parquet is missing"):
-        q.load_codebooks(tmp_path / "q")
+        store.load_codebooks(tmp_path / "q")

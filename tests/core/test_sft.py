@@ -12,9 +12,11 @@ from factories import build_sid_model
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
-from gencli.core import artifacts, sft
-from gencli.core.engine import IGNORE_INDEX, TokenLoss, collate
-from gencli.core.prompt import SidVocab, item_token_ids, load_sid_vocab
+from gencli.core import artifacts
+from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
+from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
+from gencli.core.train import sft
+from gencli.core.train.batches import collate
 
 CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
 VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,

@@ -8,8 +8,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
-from gencli.core import stamp
-from gencli.core.engine import IGNORE_INDEX, TokenLoss, make_loss
+from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
+from gencli.core.stamp import loss as stamp_loss
+from gencli.core.stamp import sap as stamp_sap
+from gencli.core.train.loop import make_loss
 
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=64, max_position_embeddings=128, pad_token_id=0)
@@ -49,9 +51,9 @@ def test_select_keeps_floor_alpha_n_in_order_with_the_window():
     ids, mask, targets = padded_batch((20, 13, 7))
     valid = mask.bool()
     scores = torch.rand(ids.shape)
-    protected = stamp.protected_positions(targets, valid, recent_window=4)
+    protected = stamp_sap.protected_positions(targets, valid, recent_window=4)
     for alpha in (0.3, 0.5, 0.7, 1.0):
-        index, slot_ok = stamp.select_tokens(scores, valid, protected, alpha)
+        index, slot_ok = stamp_sap.select_tokens(scores, valid, protected, alpha)
         for row, n in enumerate((20, 13, 7)):
             kept = index[row][slot_ok[row]].tolist()
             assert len(kept) == max(int(alpha * n), 4)  # floor(alpha * N), never fewer than the window
@@ -62,7 +64,7 @@ def test_select_keeps_floor_alpha_n_in_order_with_the_window():
             best_dropped = max((float(scores[row, i]) for i in others), default=-1.0)
             assert all(float(scores[row, i]) >= best_dropped for i in kept if i < n - 4)
     # the row with 20 tokens and alpha 0.5 keeps exactly 10
-    index, slot_ok = stamp.select_tokens(scores, valid, protected, 0.5)
+    index, slot_ok = stamp_sap.select_tokens(scores, valid, protected, 0.5)
     assert slot_ok.sum(dim=1).tolist() == [10, 6, 4]
 
 
@@ -70,12 +72,12 @@ def test_the_first_token_is_protected_and_recency_keeps_the_newest():
     model = tiny("llama")
     ids, mask, targets = padded_batch((20, 13, 7))
     valid = mask.bool()
-    protected = stamp.protected_positions(targets, valid, recent_window=4, keep_first=True)
+    protected = stamp_sap.protected_positions(targets, valid, recent_window=4, keep_first=True)
     assert protected[0].nonzero().flatten().tolist() == [0, 16, 17, 18, 19]
     assert protected[2].nonzero().flatten().tolist() == [0, 3, 4, 5, 6]
     with torch.no_grad():
-        _, scores = stamp.score_tokens(model, ids, mask, layer=1, score="recency")
-        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=0.5,
+        _, scores = stamp_sap.score_tokens(model, ids, mask, layer=1, score="recency")
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=1, keep_ratio=0.5,
                                                                                     recent_window=4, score="recency"))
     assert scores[0].tolist() == [float(i) for i in range(20)]
     # 20 tokens keep 10: the first (sink), the 4-token window, then the 5 newest others
@@ -94,10 +96,10 @@ def test_attention_score_is_the_normalised_attention_received():
                                               rope=kwargs["position_embeddings"]), with_kwargs=True)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
-        probs = stamp.attention_probs(model.model.layers[1], inputs["hidden"], inputs["rope"], valid)
-        _, scores = stamp.score_tokens(model, ids, mask, layer=2, score="attention")
+        probs = stamp_sap.attention_probs(model.model.layers[1], inputs["hidden"], inputs["rope"], valid)
+        _, scores = stamp_sap.score_tokens(model, ids, mask, layer=2, score="attention")
     handle.remove()
-    expected = stamp.minmax(stamp.attention_received(probs, valid), valid)
+    expected = stamp_sap.minmax(stamp_sap.attention_received(probs, valid), valid)
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
     assert scores[valid].max() == 1.0 and scores[~valid].abs().sum() == 0
 
@@ -105,8 +107,8 @@ def test_attention_score_is_the_normalised_attention_received():
 def test_minmax_ignores_padding_and_importance_is_the_product():
     x = torch.tensor([[1.0, 3.0, 2.0, 100.0]])
     valid = torch.tensor([[True, True, True, False]])
-    assert stamp.minmax(x, valid).tolist() == [[0.0, 1.0, 0.5, 0.0]]
-    assert stamp.minmax(torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
+    assert stamp_sap.minmax(x, valid).tolist() == [[0.0, 1.0, 0.5, 0.0]]
+    assert stamp_sap.minmax(torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
 
 
 @pytest.mark.parametrize("family,score", [("qwen3", "importance"), ("llama", "importance"), ("qwen2", "importance"),
@@ -116,7 +118,7 @@ def test_keep_ratio_one_reproduces_the_unpruned_logits(family, score):
     ids, mask, targets = padded_batch()
     with torch.no_grad():
         reference = model(input_ids=ids, attention_mask=mask).logits
-        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=1, keep_ratio=1.0,
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=1, keep_ratio=1.0,
                                                                                     score=score))
         logits = model.lm_head(pruned.hidden)
     assert torch.equal(pruned.index[pruned.valid], torch.arange(ids.shape[1]).expand_as(ids)[mask.bool()])
@@ -146,7 +148,7 @@ def test_later_layers_see_the_original_position_ids():
 
     handle = model.model.layers[2].register_forward_pre_hook(grab, with_kwargs=True)
     with torch.no_grad():
-        pruned = stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=2, keep_ratio=0.5,
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=2, keep_ratio=0.5,
                                                                                     recent_window=4))
     handle.remove()
     assert torch.equal(seen["position_ids"], pruned.index)
@@ -167,7 +169,7 @@ def test_recomputed_attention_equals_eager_attention(family):
                                               rope=kwargs["position_embeddings"]), with_kwargs=True)
     with torch.no_grad():
         eager = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions[layer_idx]
-        probs = stamp.attention_probs(model.model.layers[layer_idx], inputs["hidden"], inputs["rope"], mask.bool())
+        probs = stamp_sap.attention_probs(model.model.layers[layer_idx], inputs["hidden"], inputs["rope"], mask.bool())
     handle.remove()
     real = mask.bool()
     for row in range(ids.shape[0]):  # padded query rows are never used (and eager fills them differently)
@@ -204,7 +206,7 @@ def test_map_loss_is_main_plus_weighted_foresight_cross_entropy():
         got = make_loss(TrainConfig(map=True, mtp_lambda=0.3, mtp_weight=0.5))(model, batch)
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         main = TokenLoss()(model, batch)
-        nxt = stamp.next_targets(targets)
+        nxt = stamp_loss.next_targets(targets)
         both = (targets != IGNORE_INDEX) & (nxt != IGNORE_INDEX)
         fused = 0.7 * hidden[both] + 0.3 * model.model.norm(model.model.embed_tokens(targets[both]))
         aux = torch.nn.functional.cross_entropy(model.lm_head(fused), nxt[both], reduction="sum")
@@ -228,17 +230,17 @@ def test_stamp_layer_must_leave_layers_to_prune():
     model = tiny("qwen3")
     ids, mask, targets = padded_batch()
     with pytest.raises(Exception, match="--stamp-layer must be in \\[1, 2\\]"):
-        stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer=3))
+        stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=3))
 
 
 def test_auto_layer_is_a_quarter_of_the_depth_at_least_two():
-    assert [stamp.resolve_layer(stamp.AUTO_LAYER, n) for n in (2, 3, 4, 8, 12, 30, 32)] == [1, 2, 2, 2, 3, 8, 8]
-    assert stamp.resolve_layer(5, 30) == 5
+    assert [stamp_sap.resolve_layer(stamp_sap.AUTO_LAYER, n) for n in (2, 3, 4, 8, 12, 30, 32)] == [1, 2, 2, 2, 3, 8, 8]
+    assert stamp_sap.resolve_layer(5, 30) == 5
 
 
 def test_auto_layer_prunes_after_the_resolved_layer():
     model = tiny("llama")  # 3 layers: auto is layer 2
     ids, mask, targets = padded_batch()
-    auto, two = (stamp.pruned_forward(model, ids, mask, targets, stamp.SapSettings(layer, 0.5, 4)) for layer in (0, 2))
+    auto, two = (stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer, 0.5, 4)) for layer in (0, 2))
     assert torch.equal(auto.index, two.index) and torch.equal(auto.hidden, two.hidden)
-    assert stamp.check_layer(model, 0) == 2
+    assert stamp_sap.check_layer(model, 0) == 2

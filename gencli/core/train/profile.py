@@ -1,9 +1,9 @@
 """profile: real sft training steps per STAMP variant, timed phase by phase, with peak memory.
 
-Every variant (base, sap, map, stamp; see :mod:`gencli.core.stamp`) starts from the same
+Every variant (base, sap, map, stamp; see :mod:`gencli.core.stamp.sap`) starts from the same
 weights (loaded afresh from the model folder, which is never written), trains on the same
 batches (the sft dataset and the engine's seeded batch order) with the engine's own
-:func:`~gencli.core.engine.forward_backward` and AdamW, and is measured over
+:func:`~gencli.core.train.loop.forward_backward` and AdamW, and is measured over
 ``cfg.steps`` optimizer steps after ``cfg.warmup_steps`` untimed ones.
 
 Per step, the time is split into data (collate + host-to-device), forward, backward and
@@ -48,18 +48,26 @@ import polars as pl
 import torch
 
 from gencli.config import ProfileConfig, TrainConfig
-from gencli.core.backbone import load_model
 from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.engine import IGNORE_INDEX, collate, default_param_groups, epoch_batches, forward_backward, make_loss
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.prompt import item_token_ids, load_sid_vocab
-from gencli.core.sft import SftExamples, sid_rows
-from gencli.core.stamp import check_layer
+from gencli.core.stamp.sap import check_layer
+from gencli.core.train.batches import collate, epoch_batches
+from gencli.core.train.loop import default_param_groups, forward_backward, make_loss
+from gencli.core.train.sft import SftExamples, sid_rows
 from gencli.errors import InputError
 
 PROFILE_JSON = "profile.json"
+
+
 VARIANT_FLAGS = {"base": (False, False), "sap": (True, False), "map": (False, True), "stamp": (True, True)}
+
+
 PHASES = ("data", "forward", "backward", "optimizer")
+
+
 _MB = 1024 * 1024
 
 
@@ -320,4 +328,3 @@ def run(
 def _reduction(value: float, reference: float) -> float | None:
     """1 - value / reference (None when the reference measured nothing)."""
     return None if reference <= 0 else round(1.0 - value / reference, 3)
-

@@ -1,4 +1,4 @@
-"""Small loaders and helpers over the ingest artifacts, shared by the later steps.
+"""Loaders and helpers over the ingest artifacts, shared by the later steps.
 
 The artifact schemas are in :mod:`gencli.core.artifacts` and docs/formats.md.
 """
@@ -15,10 +15,16 @@ from gencli.core import artifacts
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_FILES = {"train": artifacts.TRAIN, "valid": artifacts.VALID, "test": artifacts.TEST}
+
+
 # Item text the language model sees: the tiny tokenizer is trained on it and GTI grounds SID tokens in it.
 LM_TEXT_TEMPLATE = "{title}. {category}. {description}"
+
+
 # What cpt teaches an SID to say: the title, then the description (truncated by token count in cpt).
 CPT_TEXT_TEMPLATE = "{title}. {description}"
+
+
 _REQUIRED = {
     artifacts.ITEMS: ("item_idx", "item_id", "title"),
     artifacts.INTERACTIONS: ("user_idx", "user_id", "item_idx", "timestamp", "rating"),

@@ -2,13 +2,13 @@
 
 Every parameter trains. A training sample is a prefix of a user's training
 sequence: the items before position ``t`` (the last ``cfg.max_history`` of them,
-as a prompt from :mod:`gencli.core.prompt`) predict item ``t``, for every
+as a prompt from :mod:`gencli.core.lm.prompt`) predict item ``t``, for every
 ``t >= 1``; with ``cfg.max_prefixes > 0`` only the latest that many per user.
 Samples are built on the fly from one flat array of item indices, so memory is
 O(events), not O(samples x prompt length).
 
 With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
-:class:`gencli.core.engine.TokenLoss`): every target is an SID token and the
+:class:`gencli.core.lm.loss.TokenLoss`): every target is an SID token and the
 constrained decoder never considers anything else, while the head matmul shrinks
 from the whole base vocabulary to the SID rows.
 
@@ -31,14 +31,16 @@ import torch
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
-from gencli.core.backbone import load_model
-from gencli.core.decode import SidTrie, constrained_beam_search
 from gencli.core.device import resolve_device
-from gencli.core.engine import EarlyStopping, ProgressCallback, fit, make_loss
-from gencli.core.metrics import rank_of_target, recall_at_k
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.metrics import rank_of_target, recall_at_k
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
-from gencli.core.stamp import SapSettings, check_layer
+from gencli.core.stamp.sap import SapSettings, check_layer
+from gencli.core.train.callbacks import EarlyStopping, ProgressCallback
+from gencli.core.train.loop import fit, make_loss
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"

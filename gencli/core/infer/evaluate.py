@@ -19,12 +19,14 @@ from transformers import AutoModelForCausalLM
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
-from gencli.core.decode import SidTrie, constrained_beam_search, kept_count
 from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.metrics import rank_of_target, summarize
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.metrics import rank_of_target, summarize
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.core.progress import SILENT, Progress
-from gencli.core.prompt import SidVocab, build_prompt, item_token_ids
-from gencli.core.stamp import SapSettings, check_layer
+from gencli.core.stamp.prefill import kept_count
+from gencli.core.stamp.sap import SapSettings, check_layer
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_COLUMNS = ("user_idx", "history", "target")

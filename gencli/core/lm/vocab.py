@@ -29,7 +29,7 @@ Every new row is e = mu + delta; the initialisers differ in delta:
                 With ``scale``, each level's delta is multiplied by r / mean_k ||delta_{l,k}||
                 so its mean row norm equals the base spread. Dedup tokens carry no meaning
                 and use the ``random`` rows (the same draws ``random`` would give them).
-- ``gti``:      grounded token init (see :mod:`gencli.core.gti`): g_t = P(s_t) fitted to the
+- ``gti``:      grounded token init (see :mod:`gencli.core.lm.gti`): g_t = P(s_t) fitted to the
                 frozen LM's mean-pooled text states of the items using token t, starting
                 from the ``random`` rows s_t; then per level delta = (g - mean g) * r / mean ||g - mean g||
                 (the ``scale`` rule), for every level including dedup.
@@ -51,9 +51,10 @@ import torch
 from tokenizers import AddedToken
 
 from gencli.config import InitVocabConfig
-from gencli.core import artifacts, gti
-from gencli.core.backbone import load_model, save_model, special_ids
+from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
+from gencli.core.lm import gti
+from gencli.core.lm.backbone import load_model, save_model, special_ids
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
 

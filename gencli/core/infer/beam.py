@@ -10,8 +10,8 @@ search with a ``prefix_allowed_tokens_fn`` mask (full-vocab log_softmax, then
 disallowed tokens at -inf) without building a [beams x vocab] mask.
 
 ``prune`` (``gencli eval --prune``) applies STAMP's SAP to the history at prefill: layers
-1..L score every prompt token (:func:`gencli.core.stamp.score_tokens`), each prompt keeps
-floor(alpha * N) tokens including its first and its last W (:func:`gencli.core.stamp.select_tokens`), and
+1..L score every prompt token (:func:`gencli.core.stamp.sap.score_tokens`), each prompt keeps
+floor(alpha * N) tokens including its first and its last W (:func:`gencli.core.stamp.sap.select_tokens`), and
 the whole model then prefills only the kept tokens at their original position ids, so every
 layer's KV cache holds the kept tokens and decoding continues at position N + step. Why not
 STAMP's exact training layout (layers < L keeping the full prompt): that needs per-layer cache
@@ -30,113 +30,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from gencli.core.engine import IGNORE_INDEX
+from gencli.core.infer.trie import SidTrie
 from gencli.core.progress import SILENT, Progress
-from gencli.core.stamp import SapSettings, check_layer, protected_positions, score_tokens, select_tokens
-
-
-class SidTrie:
-    """Prefix tree over the SIDs (token ids, [n_items, D]) of every catalog item.
-
-    Node ids are per depth: depth 0 has the root (node 0), depth D has one node per
-    distinct full SID (a leaf). When two items share a full SID (the dedup level
-    should prevent it) the leaf maps to the lower item index; ``n_duplicates`` counts
-    the items that can therefore never be decoded.
-    """
-
-    def __init__(self, item_tokens: np.ndarray):
-        tokens = np.asarray(item_tokens, dtype=np.int64)
-        if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
-            raise ValueError(f"item_tokens must be a non-empty [n_items, D] array (got shape {tokens.shape})")
-        if tokens.min() < 0:
-            raise ValueError("item_tokens must hold non-negative token ids")
-        n, depth = tokens.shape
-        self.depth = depth
-        self.n_items = n
-        self.vocab_bound = int(tokens.max()) + 1  # every SID token id is < this
-        order = np.lexsort(tokens.T[::-1])  # stable: equal rows keep ascending item order
-        rows = tokens[order]
-        neq = rows[1:] != rows[:-1]
-        first_diff = np.where(neq.any(axis=1), neq.argmax(axis=1), depth)  # first column where row i+1 differs
-
-        # child_start[t][p]..child_start[t][p+1]: depth t+1 node ids that are children of depth-t node p.
-        # node_token[t] / node_key[t]: token and (parent * vocab_bound + token) of the depth t+1 nodes
-        # (keys are strictly increasing, so a (parent, token) pair is found with searchsorted).
-        child_start, node_token, node_key = [], [], []
-        parent_of_row = np.zeros(n, dtype=np.int64)
-        for t in range(1, depth + 1):
-            is_new = np.concatenate([[True], first_diff < t])
-            node_of_row = np.cumsum(is_new) - 1
-            first_rows = np.flatnonzero(is_new)
-            parent = parent_of_row[first_rows]
-            token = rows[first_rows, t - 1]
-            child_start.append(np.searchsorted(parent, np.arange(parent[-1] + 2)))
-            node_token.append(token)
-            node_key.append(parent * self.vocab_bound + token)
-            parent_of_row = node_of_row
-        self.leaf_item = order[first_rows]
-        self.n_duplicates = n - len(first_rows)
-        self.max_children = [int(np.diff(cs).max()) for cs in child_start]
-        self._child_start = [torch.from_numpy(a) for a in child_start]
-        self._node_token = [torch.from_numpy(a) for a in node_token]
-        self._node_key = [torch.from_numpy(a) for a in node_key]
-        self._leaf_item = torch.from_numpy(self.leaf_item)
-
-    def to(self, device: torch.device | str) -> SidTrie:
-        """Move the lookup tensors to ``device`` (in place; returns self)."""
-        self._child_start = [x.to(device) for x in self._child_start]
-        self._node_token = [x.to(device) for x in self._node_token]
-        self._node_key = [x.to(device) for x in self._node_key]
-        self._leaf_item = self._leaf_item.to(device)
-        return self
-
-    def n_nodes(self, depth: int) -> int:
-        """Number of distinct prefixes of length ``depth`` (1 at depth 0)."""
-        return 1 if depth == 0 else len(self._node_token[depth - 1])
-
-    def children(self, nodes: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Children of depth-``depth`` nodes [N] as (child node ids, token ids, valid), each [N, C].
-
-        C is the largest fan-out at that depth; padded slots have valid=False, and their
-        ids/tokens are clamped to real entries so they can be used as indices.
-        """
-        starts = self._child_start[depth]
-        lo, hi = starts[nodes], starts[nodes + 1]
-        slot = torch.arange(self.max_children[depth], device=nodes.device)
-        child = lo[:, None] + slot[None, :]
-        valid = child < hi[:, None]
-        child = torch.where(valid, child, lo[:, None])  # every node has >= 1 child, so lo is a real node
-        return child, self._node_token[depth][child], valid
-
-    def allowed_mask(self, nodes: torch.Tensor, depth: int, vocab_size: int) -> torch.Tensor:
-        """Boolean [N, vocab_size]: which next tokens keep each depth-``depth`` prefix inside the catalog."""
-        _, tokens, _ = self.children(nodes, depth)  # padded slots repeat the first child's (allowed) token
-        mask = torch.zeros(len(nodes), vocab_size, dtype=torch.bool, device=nodes.device)
-        return mask.scatter_(1, tokens, True)
-
-    def step(self, nodes: torch.Tensor, depth: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Depth-``depth+1`` node reached from ``nodes`` by ``tokens`` ([N] each); -1 where no item has it."""
-        keys = self._node_key[depth]
-        query = nodes * self.vocab_bound + tokens.clamp(0, self.vocab_bound - 1)
-        pos = torch.searchsorted(keys, query).clamp(max=len(keys) - 1)
-        found = (keys[pos] == query) & (tokens >= 0) & (tokens < self.vocab_bound) & (nodes >= 0)
-        return torch.where(found, pos, torch.full_like(pos, -1))
-
-    def lookup(self, paths: torch.Tensor | np.ndarray) -> np.ndarray:
-        """Item index of each full SID path [N, D] (token ids); -1 for a path that is no item."""
-        paths = torch.as_tensor(np.asarray(paths), dtype=torch.int64, device=self._leaf_item.device)
-        if paths.ndim != 2 or paths.shape[1] != self.depth:
-            raise ValueError(f"paths must be [N, {self.depth}] (got {tuple(paths.shape)})")
-        nodes = torch.zeros(len(paths), dtype=torch.int64, device=paths.device)
-        for t in range(self.depth):
-            nodes = self.step(nodes, t, paths[:, t])
-            nodes = torch.where(nodes >= 0, nodes, torch.full_like(nodes, -1))
-        items = torch.where(nodes >= 0, self._leaf_item[nodes.clamp(min=0)], torch.full_like(nodes, -1))
-        return items.cpu().numpy()
-
-    def item_of_leaf(self, leaves: torch.Tensor) -> torch.Tensor:
-        """Item index of depth-D nodes."""
-        return self._leaf_item[leaves]
+from gencli.core.stamp.prefill import kept_count, prune_prompts
+from gencli.core.stamp.sap import SapSettings, check_layer
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -168,39 +65,6 @@ def _left_pad(
             if p:
                 pos[i, width - len(p) :] = torch.tensor(p, dtype=torch.int64)
     return ids.to(device), mask.to(device), pos.to(device)
-
-
-def kept_count(n_tokens: int, settings: SapSettings) -> int:
-    """Tokens a prompt of ``n_tokens`` keeps under ``settings``: min(N, max(floor(alpha * N), P)) where
-    P = min(N, W + 1) protected tokens (the last W and the first) once N > W, else N."""
-    protected = n_tokens if n_tokens <= settings.recent_window else settings.recent_window + 1
-    return min(n_tokens, max(math.floor(n_tokens * settings.keep_ratio), protected))
-
-
-def prune_prompts(
-    model: torch.nn.Module, prompts: list[list[int]], settings: SapSettings, device: torch.device
-) -> tuple[list[list[int]], list[list[int]]]:
-    """SAP on a batch of prompts: (kept token ids, their original positions) per prompt, in prompt order.
-
-    Scores come from layers 1..``settings.layer`` over the full, right-padded prompts (as in
-    training, ranked by ``settings.score``); the first token (the attention sink) and the last
-    ``settings.recent_window`` tokens of each prompt are always kept, so a prompt no longer than
-    the window stays whole, and padding never is.
-    """
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.int64)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p, dtype=torch.int64)
-        mask[i, : len(p)] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    _, scores = score_tokens(model, ids, mask, settings.layer, settings.score)
-    valid = mask.bool()
-    protected = protected_positions(torch.full_like(ids, IGNORE_INDEX), valid, settings.recent_window,
-                                    keep_first=True)
-    index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
-    positions = [row[ok].tolist() for row, ok in zip(index.cpu(), slot_ok.cpu(), strict=True)]
-    return [[p[j] for j in keep] for p, keep in zip(prompts, positions, strict=True)], positions
 
 
 def _log_probs(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Grounded token initialisation (GTI): targets for SID rows from the frozen backbone's own text states.
 
-The recipe (driven by :mod:`gencli.core.vocab`):
+The recipe (driven by :mod:`gencli.core.lm.vocab`):
 
 1. ``encode_items``: item texts run through the frozen LM (batched, no grad); hidden
    layer ``layer`` is mean-pooled over the non-pad positions -> one vector per item.
@@ -27,8 +27,14 @@ from gencli.core.progress import SILENT, Progress
 from gencli.errors import InputError
 
 GTI_MAX_TEXT_TOKENS = 64  # item text truncated to this many tokens (as cpt's default)
+
+
 GTI_BATCH_SIZE = 32  # item texts per forward pass
+
+
 GTI_LOSS_FILE = "gti_loss.jsonl"
+
+
 LOSS_CURVE_POINTS = 11  # points of the loss curve returned in metrics
 
 

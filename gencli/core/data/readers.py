@@ -28,8 +28,14 @@ import polars as pl
 from gencli.errors import InputError
 
 LINE = "_line"  # where a record starts in its file, as a person counts
+
+
 MAX_LISTED = 5  # rows / ids quoted per problem
+
+
 GENERIC_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+
+
 SEPARATOR_NAMES = {",": "comma", "\t": "tab", ";": "semicolon", "|": "pipe"}
 
 
@@ -77,9 +83,6 @@ def where(unit: str, lines: Sequence[int]) -> str:
     shown = ", ".join(str(n) for n in lines[:MAX_LISTED])
     more = f" and {len(lines) - MAX_LISTED} more" if len(lines) > MAX_LISTED else ""
     return f"{unit if len(lines) == 1 else unit + 's'} {shown}{more}"
-
-
-# ---------------------------------------------------------------- bytes and text
 
 
 def _extension(path: Path) -> str:
@@ -135,9 +138,6 @@ def decode_legacy(data: bytes) -> str:
 
 def _physical_lines(text: str) -> int:
     return text.count("\n") + (0 if text.endswith("\n") else 1)
-
-
-# ---------------------------------------------------------------- delimited text
 
 
 def parse_delimited(
@@ -232,9 +232,6 @@ def _ragged_lines(text: str, sep: str, quote: str | None, header: bool, width: i
     return bad
 
 
-# ---------------------------------------------------------------- JSON
-
-
 def iter_json_lines(path: Path, problems: Problems, *, python_literals: bool = False) -> Iterator[tuple[int, dict]]:
     """(line number, object) of a JSON-lines file (.gz too), streamed; bad lines are reported together.
 
@@ -309,9 +306,6 @@ def records_frame(records: list[tuple[int, dict]]) -> pl.DataFrame:
     data = {k: pl.Series(k, v, dtype=pl.String) for k, v in columns.items()}
     data[LINE] = pl.Series(LINE, [n for n, _ in records], dtype=pl.Int64)
     return pl.DataFrame(data)
-
-
-# ---------------------------------------------------------------- generic tables
 
 
 def read_generic(path: Path, problems: Problems, what: str) -> RawTable | None:
@@ -401,195 +395,4 @@ def _read_parquet(path: Path, problems: Problems) -> RawTable | None:
     return RawTable(path, frame, "row")
 
 
-# ---------------------------------------------------------------- MovieLens
-
 # u.item's 19 genre flags, in order (u.genre overrides when present)
-ML100K_GENRES = tuple(
-    "unknown|Action|Adventure|Animation|Children's|Comedy|Crime|Documentary|Drama|Fantasy|Film-Noir|Horror|"
-    "Musical|Mystery|Romance|Sci-Fi|Thriller|War|Western".split("|")
-)
-MOVIELENS_LAYOUTS = {  # name -> (interactions file, items file); the folder's files pick the layout
-    "ml-100k": ("u.data", "u.item"),
-    "ml-1m": ("ratings.dat", "movies.dat"),
-    "ml-latest": ("ratings.csv", "movies.csv"),
-}
-NO_GENRE = {"", "(no genres listed)", "unknown"}  # not a genre: left out of category
-
-
-def read_movielens(
-    folder: Path, interactions: Path | None, problems: Problems
-) -> tuple[RawTable | None, RawTable | None, str]:
-    """(items, interactions, layout) of a MovieLens folder: 100k, 1M, latest or RecBole atomic files."""
-    if folder.is_file():
-        folder = folder.parent
-    if not folder.is_dir():
-        problems.add(folder, "the MovieLens folder does not exist", "give the unpacked dataset folder (e.g. ml-1m/)")
-        return None, None, ""
-    if interactions is not None and interactions.resolve().parent != folder.resolve():
-        problems.add(
-            interactions,
-            "--format movielens reads the ratings from the dataset folder given as items",
-            f"leave out the interactions file, or put it in {folder}",
-        )
-        return None, None, ""
-    layout = next((n for n, files in MOVIELENS_LAYOUTS.items() if all((folder / f).is_file() for f in files)), "")
-    inter_files = sorted(folder.glob("*.inter"))
-    if not layout and inter_files:
-        return (*_read_recbole(folder, inter_files, problems), "recbole")
-    if not layout:
-        expected = "; ".join(f"{n}: {' + '.join(f)}" for n, f in MOVIELENS_LAYOUTS.items())
-        problems.add(
-            folder,
-            f"no MovieLens layout recognised (files: {', '.join(sorted(p.name for p in folder.iterdir()))})",
-            f"give a folder with one of {expected}; RecBole: <name>.inter + <name>.item",
-        )
-        return None, None, ""
-    inter_name, items_name = MOVIELENS_LAYOUTS[layout]
-    inter_path, items_path = folder / inter_name, folder / items_name
-    inter_text, items_text = decode_legacy(read_bytes(inter_path)), decode_legacy(read_bytes(items_path))
-    rating_names = ["user_id", "item_id", "rating", "timestamp"]
-    if layout == "ml-100k":
-        inter = parse_delimited(inter_path, inter_text, problems, "\t", quote=None, names=rating_names)
-        genres = _ml100k_genres(folder)
-        names = ["item_id", "title", "release_date", "video_release_date", "imdb_url"]
-        names += [f"_g{i}" for i in range(len(genres))]
-        items = parse_delimited(items_path, items_text, problems, "|", quote=None, names=names)
-        if items is not None:
-            flags = [
-                pl.when(pl.col(f"_g{i}") == "1").then(pl.lit(g)) for i, g in enumerate(genres) if g not in NO_GENRE
-            ]
-            category = pl.concat_str(flags, separator=", ", ignore_nulls=True).alias("category")
-            items = items.select("item_id", "title", category, "release_date", LINE)
-    elif layout == "ml-1m":  # '::' separated; one-byte separator for the parser
-        inter_text, items_text = inter_text.replace("::", "\x1f"), items_text.replace("::", "\x1f")
-        inter = parse_delimited(inter_path, inter_text, problems, "\x1f", quote=None, names=rating_names)
-        items = parse_delimited(
-            items_path, items_text, problems, "\x1f", quote=None, names=["item_id", "title", "genres"]
-        )
-    else:
-        inter = parse_delimited(inter_path, inter_text, problems, ",")
-        items = parse_delimited(items_path, items_text, problems, ",")
-        renames = {"userId": "user_id", "movieId": "item_id"}
-        inter = inter.rename(renames, strict=False) if inter is not None else None
-        items = items.rename(renames, strict=False) if items is not None else None
-    if items is not None and "genres" in items.columns:
-        items = items.with_columns(_join_genres(pl.col("genres"), "|")).drop("genres")
-    return (
-        RawTable(items_path, items) if items is not None else None,
-        RawTable(inter_path, inter) if inter is not None else None,
-        layout,
-    )
-
-
-def _join_genres(expr: pl.Expr, sep: str) -> pl.Expr:
-    parts = expr.str.split(sep).list.eval(pl.element().filter(~pl.element().is_in(list(NO_GENRE))))
-    return parts.list.join(", ").alias("category")
-
-
-def _ml100k_genres(folder: Path) -> tuple[str, ...]:
-    path = folder / "u.genre"  # 'name|index' lines; the built-in list when absent
-    if not path.is_file():
-        return ML100K_GENRES
-    rows = [line.split("|") for line in decode_legacy(path.read_bytes()).splitlines() if "|" in line]
-    return tuple(name for name, _ in sorted(((r[0], int(r[1])) for r in rows), key=lambda r: r[1]))
-
-
-def _read_recbole(folder: Path, inter_files: list[Path], problems: Problems) -> tuple[RawTable | None, RawTable | None]:
-    """RecBole atomic files: tab-separated, header 'name:type'; token_seq fields are space-separated."""
-    inter_path = next((p for p in inter_files if p.stem == folder.name), inter_files[0])
-    items_path = inter_path.with_suffix(".item")
-    if not items_path.is_file():
-        problems.add(folder, f"RecBole layout without {items_path.name}", f"add it next to {inter_path.name}")
-        return None, None
-    tables = []
-    for path in (items_path, inter_path):
-        frame = parse_delimited(path, decode_legacy(read_bytes(path)), problems, "\t", quote=None)
-        if frame is not None:
-            frame = frame.rename({c: c.split(":", 1)[0] for c in frame.columns if c != LINE})
-        tables.append(RawTable(path, frame) if frame is not None else None)
-    items, inter = tables
-    if items is not None:
-        frame = items.frame
-        if "title" not in frame.columns and "movie_title" in frame.columns:
-            title = pl.col("movie_title")
-            if "release_year" in frame.columns:
-                year = pl.col("release_year").str.strip_chars()
-                title = pl.when(year != "").then(pl.format("{} ({})", title, year)).otherwise(title)
-            frame = frame.with_columns(title.alias("title")).drop("movie_title")
-        for source in ("class", "categories", "genre"):
-            if source in frame.columns and "category" not in frame.columns:
-                words = pl.col(source).str.split(" ").list.eval(pl.element().filter(pl.element() != ""))
-                frame = frame.with_columns(words.list.join(", ").alias("category")).drop(source)
-        items.frame = frame
-    return items, inter
-
-
-# ---------------------------------------------------------------- Amazon reviews
-
-AMAZON_REVIEW_FIELDS = {"user_id": "reviewerID", "item_id": "asin", "rating": "overall", "timestamp": "unixReviewTime"}
-
-
-def read_amazon(items: Path, interactions: Path | None, problems: Problems) -> tuple[RawTable | None, RawTable | None]:
-    """Amazon review JSON lines (interactions) + metadata lines (items; JSON or Python dict literals).
-
-    Metadata is kept only for reviewed items, the first line of a repeated asin wins (counted).
-    """
-    if interactions is None:
-        problems.add(
-            items,
-            "--format amazon needs the reviews file as interactions",
-            "pass the reviews JSON lines (reviewerID, asin, overall, unixReviewTime) as interactions",
-        )
-        return None, None
-    inter = None
-    if check_exists(interactions, problems, "interactions"):
-        rows: dict[str, list] = {k: [] for k in (*AMAZON_REVIEW_FIELDS, LINE)}
-        for number, record in iter_json_lines(interactions, problems):
-            for ours, theirs in AMAZON_REVIEW_FIELDS.items():
-                rows[ours].append(to_text(record.get(theirs)))
-            rows[LINE].append(number)
-        if rows[LINE]:
-            frame = pl.DataFrame(
-                {k: pl.Series(k, v, dtype=pl.Int64 if k == LINE else pl.String) for k, v in rows.items()}
-            )
-            inter = RawTable(interactions, frame, names=dict(AMAZON_REVIEW_FIELDS))
-        elif not problems:
-            problems.add(interactions, "the reviews file is empty", "give the reviews JSON lines")
-    if not check_exists(items, problems, "items"):
-        return None, inter
-    wanted = set(inter.frame["item_id"].drop_nulls().to_list()) if inter is not None else None
-    seen: set[str] = set()
-    duplicates = 0
-    records: list[tuple[int, dict]] = []
-    for number, meta in iter_json_lines(items, problems, python_literals=True):
-        asin = to_text(meta.get("asin"))
-        if asin is not None and asin in seen:
-            duplicates += 1
-            continue
-        if asin is not None and wanted is not None and asin not in wanted:
-            continue
-        seen.add(asin)
-        records.append((number, _amazon_item(asin, meta)))
-    if not records:
-        if not problems:
-            problems.add(items, "no metadata line matches a reviewed asin", "give the same category's metadata")
-        return None, inter
-    names = {"item_id": "asin", "category": "categories/category"}
-    return RawTable(items, records_frame(records), names=names, counts={"dropped_duplicate_items": duplicates}), inter
-
-
-def _amazon_item(asin: str | None, meta: dict) -> dict:
-    """Our item columns from one metadata record (2014: categories = list of lists; 2018: category = list)."""
-    groups = meta.get("categories", meta.get("category")) or []
-    flat = [c for group in groups for c in (group if isinstance(group, list) else [group])]
-    description = meta.get("description")
-    if isinstance(description, list):
-        description = " ".join(str(d) for d in description)
-    category = ", ".join(dict.fromkeys(str(c) for c in flat if c))
-    return {
-        "item_id": asin,
-        "title": meta.get("title", ""),
-        "description": description,
-        "category": category,
-        "brand": meta.get("brand"),
-    }

@@ -21,7 +21,11 @@ from gencli.core.progress import SILENT, Progress
 from gencli.errors import InputError
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
+
+
 EMBED_INFO = "embed_info.json"
+
+
 # Texts handed to the encoder per progress tick; the encoder batches inside.
 _CHUNK = 512
 

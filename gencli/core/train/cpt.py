@@ -28,12 +28,15 @@ import torch
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
-from gencli.core.backbone import load_model
 from gencli.core.device import resolve_device
-from gencli.core.engine import IGNORE_INDEX, ListExamples, ProgressCallback, fit, make_loss
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.prompt import item_token_ids, load_sid_vocab
-from gencli.core.stamp import check_layer
+from gencli.core.stamp.sap import check_layer
+from gencli.core.train.batches import ListExamples
+from gencli.core.train.callbacks import ProgressCallback
+from gencli.core.train.loop import fit, make_loss
 from gencli.errors import InputError
 
 

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.errors import ArtifactError, InputError
-
-IGNORE_INDEX = -100  # label value the loss skips (torch CrossEntropyLoss default)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Batched k-means in torch (CPU or CUDA): greedy k-means++ seeding and Lloyd iterations.
 
-The kernel behind :mod:`gencli.core.quantize`. Squared distances are computed as
+The kernel behind :mod:`gencli.core.sid.quantize`. Squared distances are computed as
 ``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` + ``min``
 per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
 K = 4096 fits). ``||u||^2`` does not change the argmin, so it is added to the n minima only.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 Advance = Callable[[int], None]
+
 
 # Hot loops use index_select rather than tensor[index]: advanced indexing may start a threaded
 # region even for a few hundred elements, which costs a whole scheduler slice on a busy machine.

@@ -3,7 +3,7 @@
 STAMP ("Semantic Trimming and Auxiliary Multi-step Prediction for Generative Recommendation")
 cuts training compute and activation memory by dropping low-utility tokens inside the
 decoder, and recovers accuracy with an auxiliary next-next-token objective. Both are a
-loss function for :func:`gencli.core.engine.fit` (see :func:`gencli.core.engine.make_loss`);
+loss function for :func:`gencli.core.train.loop.fit` (see :func:`gencli.core.train.loop.make_loss`);
 the Hugging Face modules are driven layer by layer, never copied.
 
 SAP (``cfg.sap``): the first ``L = cfg.stamp_layer`` decoder layers see every token (0, the default,
@@ -50,7 +50,7 @@ in original positions"). With the usual small window, exactly ``floor(keep_ratio
 tokens remain. (In cpt nearly every position carries a loss target, so SAP keeps nearly
 everything there; it pays off in sft, where only the target item's SID is labelled.)
 ``gencli eval --prune`` reuses :func:`score_tokens` and :func:`select_tokens` on the history
-prompts at prefill (see :func:`gencli.core.decode.prune_prompts`).
+prompts at prefill (see :func:`gencli.core.stamp.prefill.prune_prompts`).
 
 Layer L's attention probabilities are recomputed, without gradient, from that layer's own
 projections: ``softmax(Q K^T * scaling + mask)`` after its input norm, its q/k norms (Qwen3)
@@ -77,12 +77,11 @@ does not change: MAP is a training-only loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from gencli.core.engine import IGNORE_INDEX, TokenLoss
+from gencli.core.lm.loss import IGNORE_INDEX, decoder_of
 from gencli.errors import ConfigError
 
 
@@ -110,10 +109,6 @@ class Pruned:
     """[B, K] original position of each kept token (sorted; padding slots hold 0)."""
     valid: torch.Tensor
     """[B, K] True where a slot holds a kept token."""
-
-
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
 
 
 AUTO_LAYER = 0
@@ -224,7 +219,7 @@ def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_windo
 def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> int:
     """``layer`` resolved for ``model`` (:func:`resolve_layer`); ConfigError naming ``option`` unless it is in
     [1, layers - 1] of a full-attention ``model``."""
-    return _check_layers(_decoder(model), layer, option)
+    return _check_layers(decoder_of(model), layer, option)
 
 
 def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int,
@@ -236,7 +231,7 @@ def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     is the right-padded 2D mask (positions 0..N-1). The factors carry no gradient; the hidden
     states do (training continues from them).
     """
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     layer = _check_layers(decoder, layer)
     valid = attention_mask.bool()
     hidden = decoder.embed_tokens(input_ids)
@@ -294,50 +289,10 @@ def forward_kept(model: torch.nn.Module, hidden: torch.Tensor, index: torch.Tens
                  layer: int) -> Pruned:
     """Layers ``layer + 1 ..`` on the kept tokens only: gather ``hidden`` [B, N, d] at ``index`` [B, K], keep
     their original position ids (RoPE) and rebuild the causal + padding mask over the kept slots."""
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     rope = decoder.rotary_emb(hidden, position_ids=index)  # original positions
     mask = _mask(decoder, hidden, slot_ok)
     for block in decoder.layers[layer:]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
     return Pruned(decoder.norm(hidden), index, slot_ok)
-
-
-def next_targets(targets: torch.Tensor) -> torch.Tensor:
-    """targets shifted left by one: at position t, the token after ``targets[t]`` (IGNORE_INDEX at the end)."""
-    out = torch.full_like(targets, IGNORE_INDEX)
-    out[:, :-1] = targets[:, 1:]
-    return out
-
-
-class StampLoss:
-    """The engine loss with SAP and/or MAP: summed main CE (+ ``mtp_weight`` * summed auxiliary CE).
-
-    ``rows`` restricts the softmax to those vocabulary rows (sid_softmax), for both losses.
-    """
-
-    def __init__(self, rows: Sequence[int] | None = None, sap: SapSettings | None = None, mtp: bool = False,
-                 mtp_lambda: float = 0.3, mtp_weight: float = 0.1):
-        self.token_loss = TokenLoss(rows)
-        self.sap, self.mtp, self.mtp_lambda, self.mtp_weight = sap, mtp, mtp_lambda, mtp_weight
-
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        decoder = _decoder(model)
-        targets = batch["targets"]
-        following = next_targets(targets)
-        if self.sap is not None:
-            pruned = pruned_forward(model, batch["input_ids"], batch["attention_mask"], targets, self.sap)
-            hidden = pruned.hidden
-            targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
-            following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
-        else:
-            out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-            hidden = out.last_hidden_state
-        keep = targets != IGNORE_INDEX
-        loss = self.token_loss.cross_entropy(model, hidden[keep], targets[keep])
-        if self.mtp:
-            both = keep & (following != IGNORE_INDEX)
-            future = decoder.norm(decoder.embed_tokens(targets[both]))
-            foresight = (1.0 - self.mtp_lambda) * hidden[both] + self.mtp_lambda * future
-            loss = loss + self.mtp_weight * self.token_loss.cross_entropy(model, foresight, following[both])
-        return loss

@@ -23,12 +23,18 @@ import numpy as np
 import torch
 
 from gencli.config import TrainConfig, to_dict
-from gencli.core.backbone import quiet_transformers
+from gencli.core.lm.backbone import quiet_transformers
 from gencli.errors import ArtifactError, InputError
 
 TRAINER_STATE_NAME = "trainer_state.pt"
+
+
 CHECKPOINT_PREFIX = "step-"
+
+
 _CKPT_RE = re.compile(r"^step-(\d+)$")
+
+
 # options that may change between a run and its resume without changing the result
 _RESUME_FREE = ("device", "patience", "save_every", "keep_checkpoints")
 

@@ -16,29 +16,32 @@ checkpoint, stop.
 Resume is exact: a checkpoint holds the weights (HF folder), optimizer, scheduler, RNG
 states, callback states and the data position (epoch + batch index in the epoch's order,
 a pure function of seed and epoch), so a resumed run replays the uninterrupted one. The
-folder and state I/O lives in :mod:`gencli.core.checkpoints`.
+folder and state I/O lives in :mod:`gencli.core.train.checkpoints`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import random
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gencli.config import TrainConfig, to_dict
 from gencli.core import artifacts
-from gencli.core.checkpoints import (
+from gencli.core.device import resolve_device, resolve_dtype
+from gencli.core.lm.loss import IGNORE_INDEX, LossFn, TokenLoss
+from gencli.core.progress import SILENT, Progress
+from gencli.core.train.batches import Examples, batches_per_epoch, collate, epoch_batches
+from gencli.core.train.callbacks import Control, StepPlan, TrainState, fire
+from gencli.core.train.checkpoints import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE_NAME,
     MetricsLog,
@@ -51,130 +54,16 @@ from gencli.core.checkpoints import (
     save_atomic,
     set_rng_state,
 )
-from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.progress import SILENT, Progress
 from gencli.errors import InputError
-
-IGNORE_INDEX = -100
-BUCKET_WINDOW = 64  # batches per shuffle window: sort by length inside it, so padding stays small
-
-
-class Examples(Protocol):
-    """Training examples: token ids and labels (IGNORE_INDEX where no loss), aligned per position."""
-
-    def __len__(self) -> int: ...
-    def lengths(self) -> np.ndarray: ...  # tokens per example, for length bucketing
-    def example(self, i: int) -> tuple[Sequence[int], Sequence[int]]: ...  # (input_ids, labels)
-
-
-class ListExamples:
-    """Examples held in memory as lists of token ids."""
-
-    def __init__(self, input_ids: list[Sequence[int]], labels: list[Sequence[int]]):
-        if len(input_ids) != len(labels) or any(len(a) != len(b) for a, b in zip(input_ids, labels, strict=True)):
-            raise ValueError("input_ids and labels must have the same number of examples and the same lengths")
-        self.input_ids, self.labels = input_ids, labels
-        self._lengths = np.array([len(x) for x in input_ids], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def lengths(self) -> np.ndarray:
-        return self._lengths
-
-    def example(self, i: int) -> tuple[Sequence[int], Sequence[int]]:
-        return self.input_ids[i], self.labels[i]
-
-
-def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
-    """The deterministic batch order of one epoch: example indices per batch.
-
-    A seeded permutation is cut into windows of ``BUCKET_WINDOW`` batches; each window is
-    sorted by length and split into batches (little padding), then the batches are shuffled
-    so lengths do not come in order.
-    """
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(lengths))
-    window = batch_size * BUCKET_WINDOW
-    batches: list[np.ndarray] = []
-    for start in range(0, len(order), window):
-        chunk = order[start : start + window]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def batches_per_epoch(n_examples: int, batch_size: int) -> int:
-    """Number of batches :func:`epoch_batches` yields (the last batch of each window may be short)."""
-    window = batch_size * BUCKET_WINDOW
-    full, rest = divmod(n_examples, window)
-    return full * BUCKET_WINDOW + math.ceil(rest / batch_size)
-
-
-def collate(dataset: Examples, indices: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors: input_ids, attention_mask and targets (labels shifted left: the
-    token position t must predict, IGNORE_INDEX where there is none)."""
-    pairs = [dataset.example(int(i)) for i in indices]
-    width = max(len(ids) for ids, _ in pairs)
-    input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(pairs), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(pairs), width), dtype=torch.long)
-    for row, (ids, labels) in enumerate(pairs):
-        n = len(ids)
-        input_ids[row, :n] = torch.as_tensor(ids, dtype=torch.long)
-        targets[row, : n - 1] = torch.as_tensor(labels[1:], dtype=torch.long)
-        mask[row, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "targets": targets}
-
-
-class TokenLoss:
-    """Summed cross-entropy over the labelled positions of a batch.
-
-    Runs the decoder stack for hidden states and applies the LM head only at labelled
-    positions, so no [batch, seq, vocab] logits tensor is ever built. With ``rows`` the
-    softmax runs over those vocabulary rows only (sid_softmax: the gathered head rows of
-    the SID tokens, ``hidden @ W[rows]^T``); every target must then be one of ``rows``.
-    Assumes a plain linear head (Llama/Qwen/SmolLM: no logit scaling or soft-capping).
-    """
-
-    def __init__(self, rows: Sequence[int] | None = None):
-        self.rows = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long)
-        self.index_of: torch.Tensor | None = None
-        if self.rows is not None:
-            self.index_of = torch.full((int(self.rows.max()) + 1,), -1, dtype=torch.long)
-            self.index_of[self.rows] = torch.arange(len(self.rows))
-
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        decoder = model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
-        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-        keep = batch["targets"] != IGNORE_INDEX
-        return self.cross_entropy(model, out.last_hidden_state[keep], batch["targets"][keep])
-
-    def cross_entropy(self, model: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of the LM head on final hidden states [n, d] against targets [n]."""
-        head = model.get_output_embeddings()
-        weight, bias = head.weight, getattr(head, "bias", None)
-        if self.rows is not None:
-            index_of = self.index_of.to(y.device)
-            inside = y < len(index_of)
-            y = torch.where(inside, index_of[y.clamp(max=len(index_of) - 1)], -1)
-            if bool((y < 0).any()):
-                raise ValueError("sid_softmax: a target token is not a SID token")
-            rows = self.rows.to(weight.device)
-            weight, bias = weight[rows], None if bias is None else bias[rows]
-        logits = F.linear(hidden, weight, bias)
-        return F.cross_entropy(logits.float(), y, reduction="sum")
-
-
-LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
 def make_loss(cfg: TrainConfig, rows: Sequence[int] | None = None) -> LossFn:
     """The training loss ``cfg`` asks for: :class:`TokenLoss`, or the STAMP one (SAP pruning and/or the
-    MAP auxiliary loss, :mod:`gencli.core.stamp`) when ``cfg.sap`` / ``cfg.map`` is on."""
+    MAP auxiliary loss, :mod:`gencli.core.stamp.sap`) when ``cfg.sap`` / ``cfg.map`` is on."""
     if not (cfg.sap or cfg.map):
         return TokenLoss(rows)
-    from gencli.core.stamp import SapSettings, StampLoss  # stamp imports this module
+    from gencli.core.stamp.loss import StampLoss
+    from gencli.core.stamp.sap import SapSettings
 
     sap = SapSettings(cfg.stamp_layer, cfg.keep_ratio, cfg.recent_window, cfg.sap_score) if cfg.sap else None
     return StampLoss(rows, sap=sap, mtp=cfg.map, mtp_lambda=cfg.mtp_lambda, mtp_weight=cfg.mtp_weight)
@@ -241,99 +130,7 @@ def plan_steps(cfg: TrainConfig, n_examples: int) -> tuple[int, int]:
     return total, math.ceil(cfg.warmup_ratio * total)
 
 
-@dataclass
-class TrainState:
-    """Where the run is; saved in every checkpoint."""
-
-    max_steps: int
-    batches_per_epoch: int
-    global_step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    """Data position: index of the next batch in this epoch's order."""
-    tokens_seen: int = 0
-    stopped: bool = False
-    """Early-stopped: a resume of this state trains no further."""
-    best_metric: float | None = None
-    best_step: int | None = None
-    evals: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def epoch_float(self) -> float:
-        return self.epoch + self.batch_in_epoch / max(1, self.batches_per_epoch)
-
-
-@dataclass
-class Control:
-    """What the loop should do after the current step; callbacks set the flags."""
-
-    should_log: bool = False
-    should_evaluate: bool = False
-    should_save: bool = False
-    should_stop: bool = False
-
-
-class StepPlan:
-    """When to log, evaluate and checkpoint (transformers' DefaultFlowCallback)."""
-
-    def __init__(self, cfg: TrainConfig, evaluates: bool):
-        self.cfg, self.evaluates = cfg, evaluates
-
-    def on_step_end(self, state: TrainState, control: Control) -> None:
-        step, last = state.global_step, state.global_step >= state.max_steps
-        every = lambda n: n > 0 and step % n == 0  # noqa: E731
-        control.should_log = last or every(self.cfg.log_every)
-        control.should_evaluate = self.evaluates and (last or every(self.cfg.eval_every))
-        control.should_save = last or every(self.cfg.save_every) or (self.cfg.save_every == 0 and control.should_evaluate)
-
-
-class EarlyStopping:
-    """Stops after ``patience`` evaluations in a row without a new best."""
-
-    def __init__(self, patience: int):
-        self.patience, self.bad_evals = patience, 0
-
-    def on_evaluate(self, state: TrainState, control: Control, metrics: dict[str, Any]) -> None:
-        self.bad_evals = 0 if metrics.get("is_best") else self.bad_evals + 1
-        if self.patience > 0 and self.bad_evals >= self.patience:
-            control.should_stop = True
-            control.should_save = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"bad_evals": self.bad_evals}
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.bad_evals = int(d["bad_evals"])
-
-
-class ProgressCallback:
-    """Advances a progress bar by one per optimizer step."""
-
-    def __init__(self, progress: Progress, description: str):
-        self.progress, self.description = progress, description
-        self._stack = contextlib.ExitStack()
-        self._advance: Callable[[int], None] = lambda n=1: None
-
-    def on_train_begin(self, state: TrainState, control: Control) -> None:
-        self._advance = self._stack.enter_context(self.progress.track(self.description, state.max_steps))
-        if state.global_step:
-            self._advance(state.global_step)
-
-    def on_step_end(self, state: TrainState, control: Control) -> None:
-        self._advance(1)
-
-    def on_train_end(self, state: TrainState, control: Control) -> None:
-        self._stack.close()
-
-
-def _fire(callbacks: Sequence[Any], event: str, state: TrainState, control: Control, **kwargs: Any) -> None:
-    for cb in callbacks:
-        method = getattr(cb, event, None)
-        if method is not None:
-            method(state, control, **kwargs)
-
-
-def _batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
+def batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
     """Batches from the state's data position on, advancing the position as it goes."""
     lengths = dataset.lengths()
     while True:
@@ -458,12 +255,12 @@ def fit(
                   "is_best": is_best, "eval_time_s": round(time.perf_counter() - t0, 3)}
         state.evals.append({"step": state.global_step, metric: value})
         log.write(record)
-        _fire(callbacks, "on_evaluate", state, control, metrics=record)
+        fire(callbacks, "on_evaluate", state, control, metrics=record)
 
     model.train()
-    stream = _batch_stream(dataset, cfg, state, pad_id)
+    stream = batch_stream(dataset, cfg, state, pad_id)
     control = Control()
-    _fire(callbacks, "on_train_begin", state, control)
+    fire(callbacks, "on_train_begin", state, control)
     train_time, total_inputs, last_loss = 0.0, 0, None
     window = {"time": 0.0, "loss": 0.0, "targets": 0, "inputs": 0}  # sums since the last train log line
     while state.global_step < state.max_steps and not state.stopped:
@@ -475,7 +272,7 @@ def fit(
         step_loss = forward_backward(model, micro, loss_fn, scaler, device, amp_dtype, n_targets)
         scaler.unscale_(optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf")))
-        _fire(callbacks, "on_pre_optimizer_step", state, control, optimizer=optimizer)
+        fire(callbacks, "on_pre_optimizer_step", state, control, optimizer=optimizer)
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
@@ -488,7 +285,7 @@ def fit(
             window[key] += value
 
         control = Control()
-        _fire(callbacks, "on_step_end", state, control)
+        fire(callbacks, "on_step_end", state, control)
         if control.should_log:
             last_loss = window["loss"] / max(1, window["targets"])
             log.write({"kind": "train", "step": state.global_step, "epoch": round(state.epoch_float, 4),
@@ -502,7 +299,7 @@ def fit(
             save_checkpoint()
     if state.global_step != saved_step:  # the last state is always resumable
         save_checkpoint()
-    _fire(callbacks, "on_train_end", state, control)
+    fire(callbacks, "on_train_end", state, control)
     log.close()
 
     best = out_dir / artifacts.BEST_DIR

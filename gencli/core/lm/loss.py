@@ -1,0 +1,56 @@
+"""The token loss every training step uses: cross-entropy at labelled positions, no full logits tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+class TokenLoss:
+    """Summed cross-entropy over the labelled positions of a batch.
+
+    Runs the decoder stack for hidden states and applies the LM head only at labelled
+    positions, so no [batch, seq, vocab] logits tensor is ever built. With ``rows`` the
+    softmax runs over those vocabulary rows only (sid_softmax: the gathered head rows of
+    the SID tokens, ``hidden @ W[rows]^T``); every target must then be one of ``rows``.
+    Assumes a plain linear head (Llama/Qwen/SmolLM: no logit scaling or soft-capping).
+    """
+
+    def __init__(self, rows: Sequence[int] | None = None):
+        self.rows = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long)
+        self.index_of: torch.Tensor | None = None
+        if self.rows is not None:
+            self.index_of = torch.full((int(self.rows.max()) + 1,), -1, dtype=torch.long)
+            self.index_of[self.rows] = torch.arange(len(self.rows))
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        decoder = model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()
+        out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        keep = batch["targets"] != IGNORE_INDEX
+        return self.cross_entropy(model, out.last_hidden_state[keep], batch["targets"][keep])
+
+    def cross_entropy(self, model: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of the LM head on final hidden states [n, d] against targets [n]."""
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if self.rows is not None:
+            index_of = self.index_of.to(y.device)
+            inside = y < len(index_of)
+            y = torch.where(inside, index_of[y.clamp(max=len(index_of) - 1)], -1)
+            if bool((y < 0).any()):
+                raise ValueError("sid_softmax: a target token is not a SID token")
+            rows = self.rows.to(weight.device)
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        logits = F.linear(hidden, weight, bias)
+        return F.cross_entropy(logits.float(), y, reduction="sum")
+
+
+LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model if isinstance(getattr(model, "model", None), torch.nn.Module) else model.get_decoder()

@@ -1,0 +1,103 @@
+"""Training state, the control object callbacks set, and the stock callbacks (plan, early stop, progress)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gencli.config import TrainConfig
+from gencli.core.progress import Progress
+
+
+@dataclass
+class TrainState:
+    """Where the run is; saved in every checkpoint."""
+
+    max_steps: int
+    batches_per_epoch: int
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    """Data position: index of the next batch in this epoch's order."""
+    tokens_seen: int = 0
+    stopped: bool = False
+    """Early-stopped: a resume of this state trains no further."""
+    best_metric: float | None = None
+    best_step: int | None = None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def epoch_float(self) -> float:
+        return self.epoch + self.batch_in_epoch / max(1, self.batches_per_epoch)
+
+
+@dataclass
+class Control:
+    """What the loop should do after the current step; callbacks set the flags."""
+
+    should_log: bool = False
+    should_evaluate: bool = False
+    should_save: bool = False
+    should_stop: bool = False
+
+
+class StepPlan:
+    """When to log, evaluate and checkpoint (transformers' DefaultFlowCallback)."""
+
+    def __init__(self, cfg: TrainConfig, evaluates: bool):
+        self.cfg, self.evaluates = cfg, evaluates
+
+    def on_step_end(self, state: TrainState, control: Control) -> None:
+        step, last = state.global_step, state.global_step >= state.max_steps
+        every = lambda n: n > 0 and step % n == 0  # noqa: E731
+        control.should_log = last or every(self.cfg.log_every)
+        control.should_evaluate = self.evaluates and (last or every(self.cfg.eval_every))
+        control.should_save = last or every(self.cfg.save_every) or (self.cfg.save_every == 0 and control.should_evaluate)
+
+
+class EarlyStopping:
+    """Stops after ``patience`` evaluations in a row without a new best."""
+
+    def __init__(self, patience: int):
+        self.patience, self.bad_evals = patience, 0
+
+    def on_evaluate(self, state: TrainState, control: Control, metrics: dict[str, Any]) -> None:
+        self.bad_evals = 0 if metrics.get("is_best") else self.bad_evals + 1
+        if self.patience > 0 and self.bad_evals >= self.patience:
+            control.should_stop = True
+            control.should_save = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bad_evals": self.bad_evals}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.bad_evals = int(d["bad_evals"])
+
+
+class ProgressCallback:
+    """Advances a progress bar by one per optimizer step."""
+
+    def __init__(self, progress: Progress, description: str):
+        self.progress, self.description = progress, description
+        self._stack = contextlib.ExitStack()
+        self._advance: Callable[[int], None] = lambda n=1: None
+
+    def on_train_begin(self, state: TrainState, control: Control) -> None:
+        self._advance = self._stack.enter_context(self.progress.track(self.description, state.max_steps))
+        if state.global_step:
+            self._advance(state.global_step)
+
+    def on_step_end(self, state: TrainState, control: Control) -> None:
+        self._advance(1)
+
+    def on_train_end(self, state: TrainState, control: Control) -> None:
+        self._stack.close()
+
+
+def fire(callbacks: Sequence[Any], event: str, state: TrainState, control: Control, **kwargs: Any) -> None:
+    for cb in callbacks:
+        method = getattr(cb, event, None)
+        if method is not None:
+            method(state, control, **kwargs)
