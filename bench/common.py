@@ -8,6 +8,7 @@ Data never lands in git: everything is written under ``bench/.cache`` (gitignore
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -15,16 +16,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / "bench" / ".cache"
+# Everything the scripts write; GENCLI_BENCH_CACHE moves it (the smoke tests point it at a temp folder).
+CACHE = Path(os.environ.get("GENCLI_BENCH_CACHE") or REPO / "bench" / ".cache")
 SAMPLE = REPO / "sample_data"
 RECBOLE_WHEEL = "recbole==1.2.1"
 ML100K_IN_WHEEL = "recbole/dataset_example/ml-100k/"
-# An already unzipped copy, used when present (saves the download).
-ML100K_UNZIPPED = Path("/tmp/recbole/recbole/dataset_example/ml-100k")
 DATASETS = ("sample", "ml100k")
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
@@ -42,9 +39,7 @@ def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
 
 
 def ml100k_folder() -> Path:
-    """The RecBole copy of MovieLens-100k: the unzipped /tmp copy, else extracted from the recbole wheel."""
-    if (ML100K_UNZIPPED / "ml-100k.inter").is_file():
-        return ML100K_UNZIPPED
+    """The RecBole copy of MovieLens-100k, extracted from the recbole wheel into bench/.cache (downloaded once)."""
     target = CACHE / "recbole"
     folder = target / ML100K_IN_WHEEL
     if (folder / "ml-100k.inter").is_file():

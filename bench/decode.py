@@ -22,8 +22,6 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids, load_sid_vocab

@@ -2,8 +2,8 @@
 
 Needs a workdir where the sample pipeline has run (ingest, quantize, sft):
 
-    PYTHONPATH=$PWD python -m gencli run sample_data/pipeline.toml --workdir /tmp/prune-work
-    python bench/eval_prune.py --workdir /tmp/prune-work --max-history 10,40 --ratios 0.3,0.5,0.7 --repeats 3
+    gencli run sample_data/pipeline.toml --workdir bench/.cache/prune-work
+    python bench/eval_prune.py --workdir bench/.cache/prune-work --max-history 10,40 --ratios 0.3,0.5,0.7 --repeats 3
 
 For each prompt length (--max-history) and cohort (eval = a seeded subsample of --max-users test
 users, cold-eval = every test user whose target was a training target at most once), the variants (no pruning, then each keep ratio) run
@@ -24,18 +24,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformers import AutoModelForCausalLM  # noqa: E402
-
+from gencli.config import StampConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
-from gencli.core.infer.evaluate import build_prompts, evaluate_model, prune_summary
-from gencli.core.infer.trie import SidTrie
+from gencli.core.infer.evaluate import Evaluator, prune_summary
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
-from gencli.core.stamp.sap import SapSettings
+from gencli.core.stamp.sap import resolve
 
 KS = (5, 10, 20)
 
@@ -74,28 +71,28 @@ def main() -> None:
     folder = args.workdir / args.model_step
     vocab = load_sid_vocab(folder / artifacts.SID_VOCAB)
     tokens = item_token_ids(store.load_item_codes(args.workdir / "quantize"), vocab)
-    trie = SidTrie(tokens)
     device = torch.device(args.device)
     model = AutoModelForCausalLM.from_pretrained(folder / artifacts.MODEL_DIR, dtype=torch.float32).to(device).eval()
     rows = vocab.all_ids if vocab.softmax == "sid" else None
-    variants: list[SapSettings | None] = [None] + [SapSettings(args.layer, float(r), args.window, args.score)
-                                                   for r in args.ratios.split(",")]
+    variants: list[StampConfig | None] = [None] + [
+        resolve(model, StampConfig(sap=True, layer=args.layer, keep_ratio=float(r), recent_window=args.window,
+                                   score=args.score))
+        for r in args.ratios.split(",")]
     results = []
     for max_history in (int(x) for x in args.max_history.split(",")):
         for cohort, users in cohorts(args.workdir, 1, args.max_users):
-            prompts = build_prompts(users["history"].to_list(), users["user_idx"].to_list(), tokens, max_history,
-                                    vocab.bos_id)
-            targets = users["target"].to_numpy().astype(np.int64)
+            evaluator = Evaluator(users, tokens, vocab.bos_id, max_history=max_history)
+            warmup = Evaluator(users.head(args.batch_size), tokens, vocab.bos_id, max_history=max_history)
+            prompts = evaluator.prompts
             speeds: list[list[float]] = [[] for _ in variants]
             metrics: list[dict] = [{} for _ in variants]
             for settings in variants:  # untimed warm-up: allocator and kernels, so the first timed run is not slower
-                evaluate_model(model, prompts[: args.batch_size], targets[: args.batch_size], trie, KS, args.beams,
-                               args.batch_size, device=device, softmax_rows=rows, prune=settings)
+                warmup(model, KS, args.beams, args.batch_size, device=device, softmax_rows=rows, prune=settings)
             for rep in range(args.repeats):
                 shift = rep % len(variants)
                 for v in list(range(len(variants)))[shift:] + list(range(len(variants)))[:shift]:
-                    out = evaluate_model(model, prompts, targets, trie, KS, args.beams, args.batch_size,
-                                         device=device, softmax_rows=rows, prune=variants[v])
+                    out = evaluator(model, KS, args.beams, args.batch_size, device=device, softmax_rows=rows,
+                                    prune=variants[v])
                     speeds[v].append(out["users_per_s"])
                     metrics[v] = out["metrics"]["overall"]
             for v, settings in enumerate(variants):

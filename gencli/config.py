@@ -1,9 +1,10 @@
 """Frozen, documented parameters for every step, validated all at once.
 
-Each dataclass is what a step's ``run()`` receives and what ``step.json``
-records under ``params``. ``__post_init__`` collects every problem and raises
-one :class:`~gencli.errors.ConfigError` listing them all, so a user fixes a
-bad command line in one go.
+Each dataclass is what a step's ``run()`` receives and what ``step.json`` records under ``params``. A field's
+help, choices and option name live in its metadata (:func:`option`); the CLI builds its options from them
+(:mod:`gencli.cli.options`), so each default and help text exists once. ``__post_init__`` collects every
+problem and raises one :class:`~gencli.errors.ConfigError` listing them all, so a user fixes a bad command line
+in one go.
 """
 
 from __future__ import annotations
@@ -13,19 +14,49 @@ from dataclasses import dataclass
 from typing import Any
 
 from gencli.errors import ConfigError
+from gencli.steps import model_candidates, model_steps
 
 INGEST_FORMATS = ("generic", "movielens", "amazon")
 SPLITS = ("loo", "temporal")
+EVAL_SPLITS = ("test", "valid")
 INIT_METHODS = ("random", "mean", "centroid", "gti")
 PROJECTIONS = ("pca", "truncate", "isometric")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (sft --sap-score, eval --prune-score)
+SCHEDULES = ("cosine", "linear")
+SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
+MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, sft, cpt, init-vocab
+SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
+TRAINING = ("cpt", "sft")  # the steps that train (STAMP's MAP and SAP-while-training options)
+
+
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A documented field: its default and the help ``--help`` shows. ``cli`` may hold ``choices``, ``option``
+    (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
+    that have it) or ``cli=False`` (not an option)."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """JSON-ready dict of a config (tuples become lists)."""
     return json_ready(dataclasses.asdict(cfg))
+
+
+def from_dict(cls: type, params: dict[str, Any]) -> Any:
+    """The config a ``step.json`` recorded (``to_dict``'s inverse): lists become tuples, nested configs are
+    rebuilt, keys the dataclass does not know are ignored."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in params.items():
+        if key not in fields:
+            continue
+        default = fields[key].default
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            value = from_dict(type(default), value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def json_ready(value: Any) -> Any:
@@ -59,30 +90,33 @@ class _Checks:
             raise ConfigError(self.step, self.problems)
 
 
+def _device(help: str = "Where to run: auto picks cuda when available.") -> Any:
+    return option("auto", help, choices=DEVICES)
+
+
+def _dtype() -> Any:
+    return option("auto", "Weights' dtype: auto = bfloat16 on a GPU that supports it, else float32.", choices=DTYPES)
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     """Options of ``gencli ingest``."""
 
-    format: str = "generic"
-    """Input layout: generic tables, a MovieLens folder, or Amazon review JSON."""
-    user_core: int = 5
-    """k-core: keep users with at least this many events (0 disables; applied jointly with item_core until stable)."""
-    item_core: int = 5
-    """k-core: keep items with at least this many events (0 disables)."""
-    dedupe_consecutive: bool = True
-    """Drop an event that repeats the user's previous item."""
-    max_history: int = 0
-    """Keep only the last N events per user after filtering (0 keeps all)."""
-    split: str = "loo"
-    """loo: last event is test, second to last validation. temporal: global time cut-offs."""
-    temporal_valid_frac: float = 0.1
-    """temporal split: fraction of the time range (by event quantile) held out for validation."""
-    temporal_test_frac: float = 0.1
-    """temporal split: fraction held out for test (the latest events)."""
-    min_user_events: int = 3
-    """Users with fewer events after filtering cannot form train/valid/test and are an error unless dropped."""
-    drop_short_users: bool = True
-    """Drop users with fewer than min_user_events instead of failing (reported in stats)."""
+    format: str = option("generic", "Input layout: generic tables, a MovieLens folder, or Amazon review JSON.",
+                         choices=INGEST_FORMATS)
+    user_core: int = option(5, "k-core: keep users with at least this many events (0 disables).")
+    item_core: int = option(5, "k-core: keep items with at least this many events (0 disables).")
+    dedupe_consecutive: bool = option(True, "Drop an event that repeats the user's previous item.",
+                                      option="--dedupe/--no-dedupe")
+    max_history: int = option(0, "Keep only the last N events per user after filtering (0 keeps all).")
+    split: str = option("loo", "loo: last event is test, second to last validation. temporal: global time cut-offs.",
+                        choices=SPLITS)
+    temporal_valid_frac: float = option(0.1, "temporal split: share of events (by time) held out for validation.")
+    temporal_test_frac: float = option(0.1, "temporal split: share of the latest events held out for test.")
+    min_user_events: int = option(3, "Users need this many events after filtering (train, valid and test each "
+                                     "get one).")
+    drop_short_users: bool = option(True, "Drop users with fewer than --min-user-events (counted in stats) or "
+                                          "refuse the input.", option="--drop-short-users/--fail-on-short-users")
 
     def __post_init__(self) -> None:
         c = _Checks("ingest")
@@ -105,16 +139,12 @@ DEFAULT_TEMPLATE = "{title}. {category}. {description}"
 class EmbedConfig:
     """Options of ``gencli embed``."""
 
-    model: str = "all-minilm-l6-v2"
-    """A sentence-transformers folder, or the preset 'all-minilm-l6-v2' (bundled, offline)."""
-    template: str = DEFAULT_TEMPLATE
-    """Python format string over item columns; missing/empty fields and their separators are dropped."""
-    batch_size: int = 64
-    """Texts per encoder batch."""
-    dim: int = 0
-    """Matryoshka truncation to the first D dims, then re-normalise (0 keeps the model's dim)."""
-    device: str = "auto"
-    """auto picks cuda when available."""
+    model: str = option("all-minilm-l6-v2", "A sentence-transformers folder, or the bundled preset all-minilm-l6-v2.")
+    template: str = option(DEFAULT_TEMPLATE, "Item text: a format string over item columns; empty fields and their "
+                                             "separators are dropped.")
+    batch_size: int = option(64, "Texts per encoder batch.")
+    dim: int = option(0, "Matryoshka truncation to the first D dims, then re-normalise (0 keeps the model's dim).")
+    device: str = _device()
 
     def __post_init__(self) -> None:
         c = _Checks("embed")
@@ -129,18 +159,14 @@ class EmbedConfig:
 class QuantizeConfig:
     """Options of ``gencli quantize`` (residual k-means)."""
 
-    codes: tuple[int, ...] = (256, 256, 256)
-    """Codebook size per level; its length is the number of levels."""
-    max_iter: int = 50
-    """Lloyd iterations per level at most; a level stops early when no label changes."""
-    seed: int = 0
-    """Seed of k-means++ initialisation."""
-    batch_size: int = 65536
-    """Rows per distance batch, so 1M x 384 fits in memory."""
-    device: str = "auto"
-    """auto picks cuda when available."""
-    codebooks_from: str = ""
-    """Assign to existing codebooks (a workdir or a quantize folder) instead of training."""
+    codes: tuple[int, ...] = option((256, 256, 256), "Codebook size: one number for every level, or one per level "
+                                                     "(256,256,256).")
+    max_iter: int = option(50, "Lloyd iterations per level at most; a level stops early when no label changes.")
+    seed: int = option(0, "Seed of k-means++ initialisation.")
+    batch_size: int = option(65536, "Rows per distance batch (bounds memory on large catalogs).")
+    device: str = _device()
+    codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
+                                     "retraining).")
 
     def __post_init__(self) -> None:
         c = _Checks("quantize")
@@ -160,28 +186,19 @@ class QuantizeConfig:
 class InitVocabConfig:
     """Options of ``gencli init-vocab``."""
 
-    model: str = "tiny"
-    """A local HF causal-LM folder, or a preset: tiny, smollm2-135m."""
-    init: str = "centroid"
-    """How new SID rows start: random, mean, centroid, gti."""
-    projection: str = "pca"
-    """centroid/gti: map from the embedding dim to d_model: pca, truncate, isometric."""
-    scale: bool = False
-    """centroid: rescale rows to the base vocabulary's spread (off as in the paper)."""
-    eps: float = 1.0
-    """random: covariance multiplier of N(mu_base, eps * Sigma_base)."""
-    seed: int = 0
-    """Seeds random init, the isometric map and GTI."""
-    gti_steps: int = 200
-    """gti: optimisation steps of the projection."""
-    gti_lr: float = 1e-2
-    """gti: learning rate."""
-    gti_layer: int = -1
-    """gti: hidden layer to mean-pool (-1 = last)."""
-    gti_max_items: int = 2000
-    """gti: at most this many item texts are encoded (sampled with the seed; ~0.15 s each for SmolLM2 on CPU)."""
-    device: str = "auto"
-    dtype: str = "auto"
+    model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
+                                "smollm2-135m (pull first).")
+    init: str = option("centroid", "How the new SID rows start.", choices=INIT_METHODS)
+    projection: str = option("pca", "centroid/gti: map from the embedding dim to the model dim.", choices=PROJECTIONS)
+    scale: bool = option(False, "centroid: rescale rows to the base vocabulary's spread.")
+    eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
+    seed: int = option(0, "Seeds random init, the isometric map and GTI.")
+    gti_steps: int = option(200, "gti: optimisation steps of the projection.")
+    gti_lr: float = option(1e-2, "gti: learning rate of the projection.")
+    gti_layer: int = option(-1, "gti: hidden layer to mean-pool (-1 = last).")
+    gti_max_items: int = option(2000, "gti: item texts encoded at most (a seeded sample).")
+    device: str = _device()
+    dtype: str = _dtype()
 
     def __post_init__(self) -> None:
         c = _Checks("init-vocab")
@@ -197,49 +214,72 @@ class InitVocabConfig:
 
 
 @dataclass(frozen=True)
+class StampConfig:
+    """STAMP settings, one set shared by sft, cpt, profile (training) and ``eval --prune`` (prefill).
+
+    ``layer`` 0 is resolved once per run against the model (:func:`gencli.core.stamp.sap.resolve`).
+    """
+
+    sap: bool = option(False, "SAP: drop low-ranked tokens after --stamp-layer (faster, less memory; eval's --prune "
+                              "does it at prefill).")
+    map: bool = option(False, "MAP: auxiliary next-next-token loss through the shared LM head.", steps=TRAINING)
+    layer: int = option(0, "SAP: decoder layers that see every token; the last of them scores the tokens "
+                           "(0 = a quarter of the layers, at least 2).", option="--stamp-layer")
+    keep_ratio: float = option(0.5, "SAP: fraction of each sequence's tokens kept, floor(ratio * N).")
+    recent_window: int = option(16, "SAP: the last N tokens (target + prompt suffix) are always kept.")
+    score: str = option("recency", "SAP: token ranking: recency (newest first), importance (the paper's "
+                                   "S_sem x S_attn) or attention (S_attn alone).",
+                        choices=SAP_SCORES, option="--sap-score")
+    mtp_lambda: float = option(0.3, "MAP: fusion h = (1 - lambda) h_t + lambda RMSNorm(E(y_t+1)).", steps=TRAINING)
+    mtp_weight: float = option(0.1, "MAP: loss = main + weight * auxiliary.", steps=TRAINING)
+
+    def problems(self, window_min: int = 0) -> list[str]:
+        """What is wrong with these settings (empty when valid); ``window_min`` is 1 at eval prefill."""
+        c = _Checks("stamp")
+        c.require(self.layer >= 0, f"--stamp-layer must be >= 0, 0 = auto (got {self.layer})")
+        c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
+        c.choice("sap-score", self.score, SAP_SCORES)
+        c.require(self.recent_window >= window_min,
+                  f"--recent-window must be >= {window_min}"
+                  + (": decoding starts from the last prompt token" if window_min else "")
+                  + f" (got {self.recent_window})")
+        c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
+        c.positive("mtp-weight", self.mtp_weight, allow_zero=True)
+        return c.problems
+
+    @property
+    def on(self) -> bool:
+        return self.sap or self.map
+
+
+def _model_step(help: str) -> Any:
+    return option("auto", help, choices=MODEL_STEP_CHOICES)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Options of ``gencli eval`` and ``gencli cold-eval``."""
 
-    model_step: str = "auto"
-    """Which step's model to evaluate: sft, cpt, init-vocab, or auto (latest trained)."""
-    split: str = "test"
-    """test or valid."""
-    beams: int = 20
-    """Beam width of the constrained search."""
-    k: tuple[int, ...] = (5, 10, 20)
-    """Cut-offs for Recall@K and NDCG@K; max(k) <= beams."""
-    batch_size: int = 32
-    """Users decoded together."""
-    max_history: int = 0
-    """Items of history in the prompt (the last ones); 0 = what the model was fine-tuned with (sft), else 20."""
-    max_users: int = 0
-    """Evaluate a seeded subsample of users (0 = all)."""
-    cold_max_train_count: int = -1
-    """cold-eval cohort: targets seen at most this many times as a training target (-1 = plain eval)."""
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    prune: bool = False
-    """STAMP SAP on the history at prefill: the whole model prefills only the kept prompt tokens."""
-    prune_layer: int = 0
-    """prune: layers 1..L score every prompt token (the last of them scores; < layers). Default = sft's
-    --stamp-layer: 0 = a quarter of the model's layers rounded up, at least 2."""
-    prune_keep_ratio: float = 0.5
-    """prune: fraction alpha of each prompt's tokens kept, floor(alpha * N). Default = sft's --keep-ratio."""
-    prune_window: int = 16
-    """prune: the last W prompt tokens are always kept (shorter prompts stay whole). Default = sft's --recent-window."""
-    prune_score: str = "recency"
-    """prune: token ranking, recency, importance (the paper's) or attention. Default = sft's --sap-score."""
+    model_step: str = _model_step("Whose model to evaluate (auto = the most trained finished step).")
+    split: str = option("test", "Which split's targets to predict.", choices=EVAL_SPLITS)
+    beams: int = option(20, "Beam width of the constrained search.")
+    k: tuple[int, ...] = option((5, 10, 20), "Cut-offs for Recall@K and NDCG@K (max <= --beams).")
+    batch_size: int = option(32, "Users decoded together.")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20).")
+    max_users: int = option(0, "Evaluate a seeded subsample of users (0 = all).")
+    cold_max_train_count: int = option(-1, "cold-eval cohort: targets seen at most this many times as a training "
+                                           "target (-1 = plain eval).", cli=False)
+    seed: int = option(0, "Seed of the user subsample.")
+    device: str = _device()
+    dtype: str = _dtype()
+    stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap): the whole model prefills "
+                                               "only the prompt tokens SAP keeps.")
 
     def __post_init__(self) -> None:
         c = _Checks("eval")
-        c.require(self.prune_layer >= 0, f"--prune-layer must be >= 0, 0 = auto (got {self.prune_layer})")
-        c.require(0 < self.prune_keep_ratio <= 1, f"--prune-keep-ratio must be in (0, 1] (got {self.prune_keep_ratio})")
-        c.require(self.prune_window >= 1,
-                  f"--prune-window must be >= 1: decoding starts from the last prompt token (got {self.prune_window})")
-        c.choice("prune-score", self.prune_score, SAP_SCORES)
-        c.choice("model-step", self.model_step, ("auto", "sft", "cpt", "init-vocab"))
-        c.choice("split", self.split, ("test", "valid"))
+        c.problems += self.stamp.problems(window_min=1)
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.choice("split", self.split, EVAL_SPLITS)
         c.positive("beams", self.beams)
         c.require(len(self.k) > 0 and all(x > 0 for x in self.k), "--k must list positive cut-offs, e.g. 5,10,20")
         c.require(not self.k or max(self.k) <= self.beams, f"--k max ({max(self.k) if self.k else 0}) must be <= --beams ({self.beams})")
@@ -255,82 +295,45 @@ class EvalConfig:
 class TrainConfig:
     """Options shared by ``gencli cpt`` and ``gencli sft`` (one engine)."""
 
-    task: str = "sft"
-    """sft (history SIDs -> next SID, all weights) or cpt (SID <-> text, new rows only)."""
-    start_from: str = "auto"
-    """sft: init-vocab or cpt (auto = cpt if done, else init-vocab)."""
-    epochs: float = 1.0
-    """Passes over the training samples (ignored when max_steps > 0)."""
-    max_steps: int = 0
-    """Optimizer steps (0 = derive from epochs)."""
-    batch_size: int = 32
-    grad_accum: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.05
-    schedule: str = "cosine"
-    """cosine or linear decay after warmup."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
-    max_history: int = 20
-    """sft: last N history items per sample."""
-    max_prefixes: int = 0
-    """sft: at most this many prefixes (training samples) per user, the latest ones (0 = all)."""
-    text_to_sid: bool = False
-    """cpt: also train text -> SID."""
-    max_text_tokens: int = 64
-    """cpt: item text truncated to this many tokens."""
-    sid_softmax: bool = False
-    """sft: softmax over the SID token rows only (targets are always SIDs; the prompt format has no EOS)."""
-    eval_every: int = 0
-    """sft: validation Recall@5 every N steps (0 = at the end only)."""
-    eval_users: int = 200
-    """sft: validation subsample size (0 = all)."""
-    eval_beams: int = 10
-    patience: int = 0
-    """Early stopping after N evaluations without improvement (0 = off)."""
-    save_every: int = 0
-    """Checkpoint every N steps (0 = at evaluations and the end)."""
-    log_every: int = 10
-    """Write a train line (mean loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps."""
-    keep_checkpoints: int = 2
-    sap: bool = False
-    """STAMP SAP: prune tokens (ranked by sap_score) after layer stamp_layer (training only; --stamp = sap + map)."""
-    map: bool = False
-    """STAMP MAP: auxiliary next-next-token loss through the shared LM head (training only)."""
-    stamp_layer: int = 0
-    """SAP: decoder layers that see every token; the last of them scores the tokens (1-based, < layers).
-    0 = a quarter of the model's layers rounded up, at least 2 (8 of smollm2-135m's 30): after layer 2 SAP
-    cost half of smollm2's Recall@5, after layer 8 (recency ranking) it did not (docs/benchmarks.md)."""
-    keep_ratio: float = 0.5
-    """SAP: fraction alpha of each sequence's tokens kept, floor(alpha * N)."""
-    recent_window: int = 16
-    """SAP: the last W tokens are always kept (target + prompt suffix; labelled positions always are)."""
-    sap_score: str = "recency"
-    """SAP: token ranking. recency = the newest tokens; importance = Norm(||h||_1) x Norm(attention received) (the
-    paper's); attention = the second factor only. The first token (the attention sink) is always kept. Recency is
-    the default: on smollm2-135m, pruning after layer 8 with it lost 17% of Recall@5 alone and nothing with MAP
-    (--stamp: +4.3% and +6.1% at two seeds), and lost 69% with importance (docs/benchmarks.md); on the tiny preset the rules were within
-    noise of each other."""
-    mtp_lambda: float = 0.3
-    """MAP: fusion h_mtp = (1 - lambda) * h_t + lambda * RMSNorm(E(y_t+1))."""
-    mtp_weight: float = 0.1
-    """MAP: loss = main + weight * auxiliary (0.1: at 0.5 MAP alone cost Recall@5 on the tiny preset, docs)."""
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
+    task: str = option("sft", "sft (history SIDs -> next SID, all weights) or cpt (SID <-> text, new rows only).",
+                       cli=False)
+    start_from: str = option("auto", "Model to start from (auto = cpt when it has run, else init-vocab).",
+                             choices=SFT_STARTS, option="--from", steps=("sft",))
+    epochs: float = option(1.0, "Passes over the training samples (ignored when --max-steps > 0).")
+    max_steps: int = option(0, "Optimizer steps (0 = from --epochs).")
+    batch_size: int = option(32, "Samples per micro-batch.")
+    grad_accum: int = option(1, "Micro-batches per optimizer step.")
+    lr: float = option(1e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
+    warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
+    schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
+    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
+    max_history: int = option(20, "Last N history items per sample.", steps=("sft",))
+    max_prefixes: int = option(0, "At most N training prefixes per user, the latest (0 = all).", steps=("sft",))
+    text_to_sid: bool = option(False, "Also train text -> SID.", steps=("cpt",))
+    max_text_tokens: int = option(64, "Item text truncated to N tokens.", steps=("cpt",))
+    sid_softmax: bool = option(False, "Logits over SID rows only (exact for constrained decoding, cheaper with a "
+                                      "large vocab).", option="--sid-softmax/--full-softmax", steps=("sft",))
+    eval_every: int = option(0, "Validation Recall@5 every N steps (0 = at the end only).", steps=("sft",))
+    eval_users: int = option(200, "Validation subsample (0 = all).", steps=("sft",))
+    eval_beams: int = option(10, "Beam width of the validation search (>= 5).", steps=("sft",))
+    patience: int = option(0, "Stop after N evaluations without improvement (0 = off).", steps=("sft",))
+    max_time: float = option(0.0, "Stop after this many seconds of training, keeping the best checkpoint (0 = no "
+                                   "cap; for cron windows: the step count then depends on the machine).")
+    save_every: int = option(0, "Checkpoint every N steps (0 = at evaluations and the end).")
+    log_every: int = option(10, "Write a train line (loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps.")
+    keep_checkpoints: int = option(2, "Checkpoints kept on disk (the newest).")
+    stamp: StampConfig = option(StampConfig(), "STAMP: SAP token pruning and/or MAP's auxiliary loss (training only).")
+    seed: int = option(0, "Seeds batch order and the validation subsample.")
+    device: str = _device()
+    dtype: str = _dtype()
 
     def __post_init__(self) -> None:
         c = _Checks(self.task)
-        c.require(self.stamp_layer >= 0, f"--stamp-layer must be >= 0, 0 = auto (got {self.stamp_layer})")
-        c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
-        c.choice("sap-score", self.sap_score, SAP_SCORES)
-        c.positive("recent-window", self.recent_window, allow_zero=True)
-        c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
-        c.positive("mtp-weight", self.mtp_weight, allow_zero=True)
-        c.choice("task", self.task, ("sft", "cpt"))
-        c.choice("from", self.start_from, ("auto", "init-vocab", "cpt"))
-        c.choice("schedule", self.schedule, ("cosine", "linear"))
+        c.problems += self.stamp.problems()
+        c.choice("task", self.task, TRAINING)
+        c.choice("from", self.start_from, SFT_STARTS)
+        c.choice("schedule", self.schedule, SCHEDULES)
         c.require(self.epochs > 0 or self.max_steps > 0, "give --epochs > 0 or --max-steps > 0")
         c.positive("max-steps", self.max_steps, allow_zero=True)
         c.positive("batch-size", self.batch_size)
@@ -345,6 +348,7 @@ class TrainConfig:
         c.positive("eval-users", self.eval_users, allow_zero=True)
         c.require(self.eval_beams >= 5, f"--eval-beams must be >= 5 for validation Recall@5 (got {self.eval_beams})")
         c.positive("patience", self.patience, allow_zero=True)
+        c.positive("max-time", self.max_time, allow_zero=True)
         c.positive("save-every", self.save_every, allow_zero=True)
         c.positive("log-every", self.log_every)
         c.positive("keep-checkpoints", self.keep_checkpoints)
@@ -360,17 +364,13 @@ PROFILE_VARIANTS = ("base", "sap", "map", "stamp")
 class ProfileConfig:
     """Options of ``gencli profile`` (training-step profiling of STAMP variants)."""
 
-    variants: tuple[str, ...] = PROFILE_VARIANTS
-    """Which of base, sap, map, stamp to run (base first is what speedups are measured against)."""
-    steps: int = 5
-    """Timed optimizer steps per variant."""
-    warmup_steps: int = 1
-    """Untimed steps first (allocator, optimizer state, kernels)."""
-    model_step: str = "auto"
-    """Whose model to train: sft, cpt, init-vocab, or auto (latest trained). Never modified."""
-    detail: bool = False
-    """Also record the top operators of one step with torch.profiler."""
-    device: str = "auto"
+    variants: tuple[str, ...] = option(PROFILE_VARIANTS, "Variants to run, of base, sap, map, stamp; the first is "
+                                                         "the reference for speedup and memory reduction.")
+    steps: int = option(5, "Timed training steps per variant.")
+    warmup_steps: int = option(1, "Untimed steps first (allocator, optimizer state, kernels).")
+    model_step: str = _model_step("Whose model to train (auto = the most trained finished step); never modified.")
+    detail: bool = option(False, "Add the top operators of one step (torch.profiler).")
+    device: str = _device()
 
     def __post_init__(self) -> None:
         c = _Checks("profile")
@@ -380,16 +380,62 @@ class ProfileConfig:
         c.require(len(set(self.variants)) == len(self.variants), "--variants lists a variant twice")
         c.positive("steps", self.steps)
         c.positive("warmup-steps", self.warmup_steps, allow_zero=True)
-        c.choice("model-step", self.model_step, ("auto", "sft", "cpt", "init-vocab"))
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
         c.choice("device", self.device, DEVICES)
         c.done()
 
 
-def parse_int_list(text: str, name: str) -> tuple[int, ...]:
-    """'256,256,256' -> (256, 256, 256); a clear ConfigError otherwise."""
-    try:
-        values = tuple(int(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(name, [f"--{name} must be comma-separated integers (got {text!r})"]) from None
-    return values
+PROBE_CATEGORY_RULES = ("first", "last", "whole")
 
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Options of ``gencli probe`` (what the SID token embeddings of one level encode)."""
+
+    level: int = option(0, "SID level to probe (0 .. levels-1; the dedup level has no centroids).")
+    m: int = option(10, "Nearest neighbours per code for purity P_m (capped at the labelled codes - 1).")
+    category_rule: str = option("first", "One category per item from a comma-separated list (MovieLens genres, "
+                                         "Amazon paths): the first value, the last, or the whole text.",
+                                choices=PROBE_CATEGORY_RULES)
+    pictures: bool = option(True, "Write PCA scatters (popularity | category) and a purity bar chart as PNG.")
+
+    def __post_init__(self) -> None:
+        c = _Checks("probe")
+        c.positive("level", self.level, allow_zero=True)
+        c.positive("m", self.m)
+        c.choice("category-rule", self.category_rule, PROBE_CATEGORY_RULES)
+        c.done()
+
+
+@dataclass(frozen=True)
+class RecommendConfig:
+    """Options of ``gencli recommend`` (what step.json records when it runs as a workspace step)."""
+
+    k: int = option(10, "Items per user.")
+    beams: int = option(0, "Beam width, >= k (0 = max(k, 20)). Seen items are masked inside the search, so any "
+                           "beams >= k returns k distinct unseen items whenever the catalog has that many.")
+    exclude_seen: bool = option(True, "Never recommend an item of the user's history (masked in the SID trie while "
+                                      "decoding).", option="--exclude-seen/--include-seen")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20; a "
+                                 "bundle: as exported).")
+    model_step: str = _model_step("Whose model (auto = the most trained finished step).")
+    strict: bool = option(False, "Unknown item ids in a given history are an error (exit 2), not skipped with a "
+                                 "warning.")
+    batch_size: int = option(32, "Users decoded together.")
+    device: str = _device()
+    dtype: str = _dtype()
+    stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap), as eval --prune.")
+
+    def __post_init__(self) -> None:
+        c = _Checks("recommend")
+        c.problems += self.stamp.problems(window_min=1)
+        c.positive("k", self.k)
+        c.positive("beams", self.beams, allow_zero=True)
+        c.require(self.beams == 0 or self.beams >= self.k,
+                  f"--beams ({self.beams}) must be >= --k ({self.k}) (or 0 = max(k, 20)): each beam ends as one item")
+        c.positive("max-history", self.max_history, allow_zero=True)
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.positive("batch-size", self.batch_size)
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()

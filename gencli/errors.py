@@ -7,9 +7,10 @@ code below; everything else is a bug and exits 1 with a traceback.
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # a step crashed or was interrupted
+EXIT_FAILED = 1  # a step crashed
 EXIT_BAD_INPUT = 2  # the user's input (file, option, artifact) is wrong
 EXIT_LOCKED = 3  # another gencli process holds the workdir lock
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what shells report)
 
 
 class GencliError(Exception):

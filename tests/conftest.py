@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,38 @@ def embedded_workdir(tmp_path_factory) -> Path:
     return wd
 
 
+SMALL_ITEMS = 40  # items in the small sample: enough for a 2-level x 4-code quantizer, embedded in about a second
+
+
+@dataclass(frozen=True)
+class SmallSample:
+    """A folder holding items.csv + interactions.csv: the first SMALL_ITEMS sample items and their interactions."""
+
+    folder: Path
+
+    def ingest_args(self, folder: Path | None = None) -> list[str]:
+        """``gencli ingest`` arguments for it (or for a copy in ``folder``); the full sample's 5/5 k-core would
+        leave nothing, so users need 3 events and items none."""
+        folder = folder or self.folder
+        return ["ingest", "--items", str(folder / "items.csv"), "--interactions", str(folder / "interactions.csv"),
+                "--user-core", "3", "--item-core", "0"]
+
+
+@pytest.fixture(scope="session")
+def small_sample(tmp_path_factory) -> SmallSample:
+    """For tests that re-ingest or re-embed (the full sample takes seconds to embed). Copy it before changing it."""
+    folder = tmp_path_factory.mktemp("small_sample")
+    with open(SAMPLE / "items.csv", newline="", encoding="utf-8") as f:
+        items = list(csv.reader(f))[: SMALL_ITEMS + 1]
+    kept = {row[0] for row in items[1:]}
+    with open(SAMPLE / "interactions.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    for name, table in (("items.csv", items), ("interactions.csv", [rows[0], *(r for r in rows[1:] if r[1] in kept)])):
+        with open(folder / name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(table)
+    return SmallSample(folder)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""
@@ -69,3 +103,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def frozen_gc():
+    """Move every object alive now out of the garbage collector's reach for one test.
+
+    ``gencli profile`` runs a full ``gc.collect()`` around each variant; in the test process
+    (torch, transformers and sentence-transformers loaded: about a million objects) each one
+    takes ~0.5 s. Frozen, a collection scans only what the test itself allocated.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 from collections.abc import Sequence
@@ -60,3 +61,38 @@ def build_sid_model(
     vocab_path.write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2, "pad_id": 3,
                                       "base_vocab_size": base}))
     return model_dir, vocab_path
+
+
+def minmax_by_hand(values: Sequence[float]) -> list[float]:
+    """(x - min) / (max - min) over a list, all 0 when the values are equal."""
+    lo, hi = min(values), max(values)
+    return [(x - lo) / (hi - lo) if hi > lo else 0.0 for x in values]
+
+
+def sap_scores_by_hand(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int
+                       ) -> dict[str, torch.Tensor]:
+    """STAMP's token scores after decoder layer ``layer`` (1-based), computed from Hugging Face's own eager
+    forward and not from gencli: {"importance", "attention"} [B, N] floats, 0 at padding.
+
+    attention(i) = Norm(sum over heads and real queries j of A[h, j, i]) with A layer ``layer``'s attention
+    probabilities (``output_attentions``); importance(i) = Norm(||h_i||_1) x attention(i) with h the output of
+    that layer (``hidden_states[layer]``); Norm is min-max over the real tokens of the row.
+    """
+    n_layers = model.config.num_hidden_layers
+    assert 1 <= layer < n_layers, "hidden_states[n_layers] is after the final norm, not a layer output"
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = eager(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                    output_attentions=True)
+    hidden, probs = out.hidden_states[layer], out.attentions[layer - 1]
+    importance = torch.zeros(input_ids.shape, dtype=torch.float64)
+    attention = torch.zeros(input_ids.shape, dtype=torch.float64)
+    for b in range(input_ids.shape[0]):
+        real = [i for i in range(input_ids.shape[1]) if attention_mask[b, i]]
+        l1 = [sum(abs(float(v)) for v in hidden[b, i]) for i in real]
+        received = [sum(float(probs[b, h, j, i]) for h in range(probs.shape[1]) for j in real) for i in real]
+        for i, s_sem, s_attn in zip(real, minmax_by_hand(l1), minmax_by_hand(received), strict=True):
+            importance[b, i], attention[b, i] = s_sem * s_attn, s_attn
+    return {"importance": importance, "attention": attention}
+

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 import click
 
-from gencli import __version__
+from gencli import __version__, steps
 
-# command name -> (module under gencli.cli, function name). Nothing heavy is imported until a command runs.
+# command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
+# Nothing heavy is imported until a command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "ingest": ("ingest", "ingest"),
-    "embed": ("embed", "embed"),
-    "quantize": ("quantize", "quantize"),
-    "init-vocab": ("init_vocab", "init_vocab"),
-    "cpt": ("train", "cpt"),
-    "sft": ("train", "sft"),
-    "eval": ("evaluate", "eval_cmd"),
-    "cold-eval": ("evaluate", "cold_eval"),
-    "run": ("pipeline", "run"),
-    "profile": ("profile", "profile"),
-    "status": ("status", "status"),
-    "models": ("models", "models"),
+    **steps.commands(),
 }
 
 
@@ -35,6 +26,15 @@ class LazyGroup(click.Group):
             return None
         module, attr = COMMANDS[name]
         return getattr(importlib.import_module(f"gencli.cli.{module}"), attr)
+
+    def invoke(self, ctx: click.Context):
+        """Ctrl-C anywhere exits 130 (click alone would print 'Aborted!' and exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            from gencli.cli.common import fail
+
+            fail(KeyboardInterrupt(), json_mode=False)
 
     @staticmethod
     def _available(name: str) -> bool:
@@ -60,7 +60,14 @@ def cli(threads: int | None) -> None:
     """Generative recommendation with semantic IDs: catalog + logs -> a causal LM that emits the next item's SID.
 
     Steps share a workdir (--workdir, default ./gencli-work or $GENCLI_WORKDIR) and pass
-    artifacts through its manifest. Exit codes: 0 ok, 1 failure, 2 bad input, 3 workdir locked.
+    artifacts through its manifest. Exit codes: 0 ok, 1 failure, 2 bad input, 3 workdir locked,
+    130 interrupted. Every command is documented in docs/cli.md.
+
+    \b
+    Examples:
+      gencli run sample_data/pipeline.toml
+      gencli status
+      gencli eval --help
     """
     # torch is not imported here (--help stays instant); execute() applies the setting before a step's work.
     # The environment carries it to the steps `gencli run` invokes in-process.

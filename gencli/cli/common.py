@@ -17,7 +17,8 @@ from typing import Any
 
 import click
 
-from gencli.errors import EXIT_FAILED, GencliError
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError
+from gencli.steps import resumable
 
 JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
 
@@ -51,7 +52,7 @@ def fail(error: BaseException, json_mode: bool) -> None:
     if isinstance(error, GencliError):
         code, message = error.exit_code, str(error)
     elif isinstance(error, KeyboardInterrupt):
-        code, message = EXIT_FAILED, "interrupted; finished steps are kept, rerun to continue"
+        code, message = EXIT_INTERRUPTED, "interrupted; finished steps are kept, rerun to continue"
     else:
         code, message = EXIT_FAILED, f"unexpected {type(error).__name__}: {error}"
         if os.environ.get("GENCLI_DEBUG") or not json_mode:
@@ -69,13 +70,17 @@ def execute(
     workdir: Path | None,
     json_mode: bool,
     force: bool,
-    upstream: list[str] | Callable[[Any], list[str]],
     body: Callable[[Any, Any, Any], dict[str, Any]],
+    upstream: list[str] | Callable[[Any], list[str]] | None = None,
     files: dict[str, Path] | None = None,
     extra_params: dict[str, Any] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Run one step in the workspace; returns the step's metrics (or exits with a code)."""
+    """Run one step in the workspace; returns the step's metrics (or exits with a code).
+
+    ``upstream`` defaults to the step's fixed upstream in the registry; a step that reads a chosen model step
+    passes a function of the workspace (see :func:`gencli.cli.inputs.model_upstream`).
+    """
     from gencli.config import to_dict
     from gencli.ui.output import emit_json, print_step_result
     from gencli.ui.progress import make_progress
@@ -85,6 +90,10 @@ def execute(
     params = {**to_dict(cfg), **(extra_params or {})}
     run = None
     try:
+        if upstream is None:
+            from gencli.steps import upstream as registered
+
+            upstream = registered(step)
         ups = upstream(ws) if callable(upstream) else upstream
         run = ws.begin(step, params, ups, files=files, force=force, resume=resume)
         if run.up_to_date:
@@ -103,7 +112,7 @@ def execute(
         if isinstance(error, SystemExit):
             raise
         if run is not None and not run.up_to_date:
-            ws.abort(run, error, keep_staging=resume_capable(step) and not isinstance(error, GencliError))
+            ws.abort(run, error, keep_staging=resumable(step) and not isinstance(error, GencliError))
         ws.release()
         fail(error, json_mode)
     ws.release()
@@ -114,11 +123,6 @@ def execute(
     else:
         print_step_result(step, "done", metrics, record["timing"]["seconds"], str(ws.step_dir(step)))
     return metrics
-
-
-def resume_capable(step: str) -> bool:
-    """Training steps keep their staging folder (checkpoints) after a crash so --resume can continue."""
-    return step in ("cpt", "sft")
 
 
 def build_config(cls: type, json_mode: bool, **fields: Any) -> Any:

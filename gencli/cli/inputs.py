@@ -4,21 +4,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODEL_STEPS = ("sft", "cpt", "init-vocab")  # newest-trained first: what "auto" picks
-
 
 def pick_model_step(ws, wanted: str, needed_by: str) -> str:
-    """'auto' -> the most trained finished model step; otherwise the named one (must be done)."""
+    """'auto' -> the most trained finished model step ``needed_by`` may read; otherwise the named one (must be done)."""
+    from gencli.steps import model_candidates
+
     if wanted != "auto":
         ws.input_dir(wanted, needed_by)
         return wanted
+    candidates = model_candidates(needed_by)
     manifest = ws.manifest if (ws.root / "manifest.json").exists() else None
-    for step in MODEL_STEPS:
+    for step in candidates:
         entry = manifest.get(step) if manifest else None
         if entry and entry.get("status") == "done":
             return step
-    ws.input_dir("init-vocab", needed_by)  # raises the "run gencli init-vocab first" error
-    return "init-vocab"
+    ws.input_dir(candidates[-1], needed_by)  # raises the "run gencli init-vocab first" error
+    return candidates[-1]
+
+
+def model_upstream(ws, wanted: str, needed_by: str, chosen: dict) -> list[str]:
+    """Pick the model step (into ``chosen["step"]``) and return everything ``needed_by`` reads."""
+    from gencli.steps import upstream
+
+    chosen["step"] = pick_model_step(ws, wanted, needed_by)
+    return upstream(needed_by, chosen["step"])
+
+
+DEFAULT_HISTORY = 20  # prompt length for a model no sft run recorded one for
+
+
+def trained_history(ws, model_step: str) -> int:
+    """The prompt length sft trained with, so decoding sees prompts like the ones the model learnt from."""
+    if model_step == "sft":
+        return int(ws.step_record("sft")["params"].get("max_history", DEFAULT_HISTORY))
+    return DEFAULT_HISTORY
 
 
 def model_artifacts(ws, step: str, needed_by: str) -> tuple[Path, Path]:

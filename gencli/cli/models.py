@@ -9,7 +9,13 @@ from gencli.cli.common import JSON_OPTION, fail
 
 @click.group()
 def models() -> None:
-    """Backbone presets: tiny (built from the catalog) and smollm2-135m (pretrained, pulled once)."""
+    """Backbone presets: tiny (built from the catalog) and smollm2-135m (pretrained, pulled once).
+
+    \b
+    Examples:
+      gencli models list
+      gencli models pull smollm2-135m
+    """
 
 
 @models.command("list")

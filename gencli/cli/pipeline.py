@@ -46,16 +46,17 @@ def load_pipeline(path: Path) -> dict[str, Any]:
         raise InputError(f"pipeline config {path} does not exist; see sample_data/pipeline.toml for an example") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"pipeline config {path} is not valid TOML: {e}") from None
-    from gencli.cli import COMMANDS
+    from gencli.steps import pipeline_steps
 
     steps = config.get("steps")
     problems = []
     if not isinstance(steps, list) or not steps:
         problems.append("`steps` must be a non-empty list, e.g. steps = [\"ingest\", \"embed\", \"quantize\"]")
         steps = []
+    known = pipeline_steps()
     for s in steps:
-        if s not in COMMANDS or s in ("run", "status", "models"):
-            problems.append(f"unknown step {s!r} in `steps`")
+        if s not in known:
+            problems.append(f"unknown step {s!r} in `steps`; choose from {', '.join(known)}")
     for table in config:
         if table != "steps" and table not in steps:
             problems.append(f"table [{table}] is not a step listed in `steps` (typo?)")
@@ -65,12 +66,13 @@ def load_pipeline(path: Path) -> dict[str, Any]:
 
 
 def step_args(step: str, options: dict[str, Any], base: Path) -> list[str]:
-    """TOML table -> the command's argv (true -> --flag, false -> --no-flag, lists -> a,b,c)."""
+    """TOML table -> the command's argv (true -> --flag, false -> its off form, lists -> a,b,c)."""
+    off = _off_switches(step)
     args: list[str] = []
     for key, value in options.items():
         opt = f"--{key.replace('_', '-')}"
         if isinstance(value, bool):
-            args.append(opt if value else f"--no-{key.replace('_', '-')}")
+            args.append(opt if value else off.get(opt, f"--no-{opt[2:]}"))
             continue
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -79,6 +81,15 @@ def step_args(step: str, options: dict[str, Any], base: Path) -> list[str]:
             value = str(candidate) if candidate.exists() else value
         args += [opt, str(value)]
     return args
+
+
+def _off_switches(step: str) -> dict[str, str]:
+    """--flag -> its off form for a step's on/off options (``--sid-softmax`` -> ``--full-softmax``)."""
+    from gencli.cli import cli
+
+    command = cli.get_command(click.Context(cli, info_name="gencli"), step)
+    return {opt: p.secondary_opts[0] for p in (command.params if command else ())
+            if isinstance(p, click.Option) and p.secondary_opts for opt in p.opts}
 
 
 @click.command()
@@ -91,7 +102,13 @@ def step_args(step: str, options: dict[str, Any], base: Path) -> list[str]:
 @workdir_option
 @JSON_OPTION
 def run(config, init, model, seed, sets, force, workdir, json_mode):
-    """Run the steps listed in a TOML config in order, skipping those that are up to date."""
+    """Run the steps listed in a TOML config in order, skipping those that are up to date.
+
+    \b
+    Examples:
+      gencli run sample_data/pipeline.toml
+      gencli run sample_data/pipeline.toml --init gti --set sft.epochs=3 --json
+    """
     from gencli.cli import cli
     from gencli.errors import InputError
 
@@ -109,13 +126,15 @@ def run(config, init, model, seed, sets, force, workdir, json_mode):
             if s not in tables or not key or not _:
                 raise InputError(f"--set {item!r}: use STEP.OPTION=VALUE with a step listed in {config}")
             tables[s][key] = _parse_value(value)
+        base = config.resolve().parent
+        step_argv = {step: step_args(step, tables[step], base) for step in pipeline["steps"]}
+        check_args(step_argv, config)
     except Exception as e:  # noqa: BLE001
         fail(e, json_mode)
-    base = config.resolve().parent
     summary: list[dict[str, Any]] = []
     started = time.time()
     for step in pipeline["steps"]:
-        args = [step, *step_args(step, tables[step], base)]
+        args = [step, *step_argv[step]]
         if workdir:
             args += ["--workdir", str(workdir)]
         if force:
@@ -138,6 +157,23 @@ def run(config, init, model, seed, sets, force, workdir, json_mode):
     _print_results(workdir, summary, time.time() - started, json_mode)
 
 
+def check_args(step_argv: dict[str, list[str]], config: Path) -> None:
+    """Parse every step's options before any step runs: an unknown option or a bad value stops the run at once
+    (exit 2) rather than after the earlier steps have worked for minutes."""
+    from gencli.cli import cli
+    from gencli.errors import InputError
+
+    root = click.Context(cli, info_name="gencli")
+    problems = []
+    for step, args in step_argv.items():
+        try:
+            cli.get_command(root, step).make_context(step, list(args), parent=root)
+        except click.ClickException as e:
+            problems.append(f"[{step}] {e.format_message()}")
+    if problems:
+        raise InputError(f"pipeline config {config}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -147,10 +183,11 @@ def _parse_value(text: str) -> Any:
 
 def _print_results(workdir: Path | None, summary: list[dict], seconds: float, json_mode: bool) -> None:
     from gencli.cli.common import open_workspace
+    from gencli.steps import REGISTRY
 
     ws = open_workspace(workdir)
     results = {}
-    for step in ("eval", "cold-eval"):
+    for step in (s.name for s in REGISTRY if s.ranking):
         entry = ws.manifest.get(step) if (ws.root / "manifest.json").exists() else None
         if entry and entry.get("status") == "done":
             results[step] = ws.step_record(step)["metrics"]
@@ -167,3 +204,7 @@ def _print_results(workdir: Path | None, summary: list[dict], seconds: float, js
             for group, block in ranking_blocks(metrics).items()}
     if rows:
         c.print(results_table("results", rows))
+    if any(s["step"] == "recommend" for s in summary) and ws.freshness("recommend") == "done":
+        from gencli.cli.recommend_io import show_examples
+
+        show_examples(ws)  # what the tool is for: a few users' history and their top 5

@@ -5,28 +5,24 @@ from __future__ import annotations
 import click
 
 from gencli.cli.common import build_config, execute, step_options
+from gencli.cli.options import config_options
+from gencli.config import ProfileConfig
 
 
 @click.command()
-@click.option("--variants", default="base,sap,map,stamp", show_default=True,
-              help="Comma-separated variants; the first is the reference for speedup and memory reduction.")
-@click.option("--steps", type=int, default=5, show_default=True, help="Timed training steps per variant.")
-@click.option("--warmup-steps", type=int, default=1, show_default=True, help="Untimed steps first.")
-@click.option("--model-step", type=click.Choice(["auto", "sft", "cpt", "init-vocab"]), default="auto",
-              show_default=True, help="Whose model to train (auto = the most trained finished step); never modified.")
-@click.option("--detail", is_flag=True, help="Add the top operators of one step (torch.profiler).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@config_options(ProfileConfig)
 @step_options
-def profile(variants, steps, warmup_steps, model_step, detail, device, workdir, json_mode, force):
+def profile(workdir, json_mode, force, **options):
     """Tokens/s, step time (data/forward/backward/optimizer) and peak memory of sft training per STAMP variant.
 
     Uses sft's settings (its step.json params when sft has run, else the sft defaults).
-    """
-    from gencli.config import ProfileConfig
 
-    names = tuple(v.strip() for v in variants.split(",") if v.strip())
-    cfg = build_config(ProfileConfig, json_mode, variants=names, steps=steps, warmup_steps=warmup_steps,
-                       model_step=model_step, detail=detail, device=device)
+    \b
+    Examples:
+      gencli profile
+      gencli profile --variants base,stamp --steps 20 --detail
+    """
+    cfg = build_config(ProfileConfig, json_mode, **options)
     chosen: dict = {}
 
     def upstream(ws):
@@ -57,16 +53,12 @@ def profile(variants, steps, warmup_steps, model_step, detail, device, workdir, 
 
 def _sft_config(ws):
     """sft's TrainConfig: its recorded params when it has run, else the defaults."""
-    import dataclasses
-
-    from gencli.config import TrainConfig
+    from gencli.config import TrainConfig, from_dict
 
     entry = ws.manifest.get("sft") if (ws.root / "manifest.json").exists() else None
     if not entry or entry.get("status") != "done":
         return TrainConfig(task="sft")
-    params = ws.step_record("sft").get("params", {})
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in known})
+    return from_dict(TrainConfig, ws.step_record("sft").get("params", {}))
 
 
 def _print_table(metrics: dict) -> None:

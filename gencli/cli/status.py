@@ -6,46 +6,52 @@ import click
 
 from gencli.cli.common import JSON_OPTION, fail, open_workspace, workdir_option
 
-# The few numbers worth a column per step; everything else is in step.json.
-KEY_METRICS = {
-    "ingest": ("users", "items", "interactions", "cold_test_targets"),
-    "embed": ("items", "dim", "model"),
-    "quantize": ("n_unique_sids", "collision_rate", "max_group_size", "reconstruction_error"),
-    "init-vocab": ("method", "n_new_tokens", "new_rows_norm_mean"),
-    "cpt": ("steps", "final_loss", "tokens_per_s"),
-    "sft": ("steps", "peak_step", "best_recall@5", "tokens_per_s"),
-    "eval": ("overall.recall@5", "overall.ndcg@5", "overall.recall@10", "overall.users"),
-    "cold-eval": ("cohort_size", "overall.recall@5", "overall.ndcg@5"),
-    "profile": ("reference", "steps", "device"),
-}
-
 
 def collect(ws) -> list[dict]:
-    from gencli.workspace import STEP_ORDER
+    from gencli.steps import step_order
 
     rows = []
     manifest = ws.manifest if (ws.root / "manifest.json").exists() else None
     holder = ws.lock.holder() if ws.lock else None
-    for name in STEP_ORDER:
+    for name in step_order():
         entry = manifest.get(name) if manifest else None
         state = ws.freshness(name) if manifest else "missing"
         if holder and holder.get("step") == name:
             state = "running"
-        row = {"step": name, "state": state, "finished": None, "seconds": None, "metrics": {}}
+        row = {"step": name, "state": state, "finished": None, "seconds": None, "key_metrics": {}, "metrics": {}}
         if entry:
-            row.update(finished=entry.get("finished"), seconds=entry.get("seconds"), metrics=entry.get("metrics", {}))
+            metrics = entry.get("metrics", {})
+            row.update(finished=entry.get("finished"), seconds=entry.get("seconds"),
+                       key_metrics=key_values(name, metrics), metrics=metrics)
             if entry.get("last_failure"):
                 row["last_failure"] = entry["last_failure"]
         rows.append(row)
     return rows
 
 
+def key_values(step: str, metrics: dict) -> dict:
+    """The registry's key metrics of a step, from its manifest entry (flat keys: overall.recall@5)."""
+    from gencli.steps import key_metrics
+
+    return {k: metrics[k] for k in key_metrics(step) if k in metrics}
+
+
 @click.command()
 @workdir_option
 @JSON_OPTION
 def status(workdir, json_mode):
-    """Show each step: state (done, stale, failed, running, missing), when it ran and its key metrics."""
+    """Show each step: state (done, stale, failed, running, missing), when it ran and its key metrics.
+
+    \b
+    Examples:
+      gencli status
+      gencli status --workdir runs/june --json
+    """
     try:
+        if workdir is not None and not workdir.is_dir():
+            from gencli.errors import InputError
+
+            raise InputError(f"workdir {workdir} does not exist; check the path or run a step there first")
         ws = open_workspace(workdir)
         rows = collect(ws)
     except Exception as e:  # a corrupt manifest is reported like any bad input
@@ -64,8 +70,7 @@ def status(workdir, json_mode):
     for col in ("step", "state", "finished", "time", "key metrics"):
         table.add_column(col)
     for row in rows:
-        keys = KEY_METRICS.get(row["step"], ())
-        shown = ", ".join(f"{k}={_fmt(row['metrics'][k])}" for k in keys if k in row["metrics"])
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in row["key_metrics"].items())
         if row.get("last_failure") and row["state"] != "done":
             shown = f"[red]{row['last_failure']['error'][:80]}[/red]"
         secs = f"{row['seconds']:.1f}s" if row["seconds"] is not None else ""

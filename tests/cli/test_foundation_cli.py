@@ -77,29 +77,29 @@ def test_rerun_is_up_to_date_and_status_reports(foundation):
     assert "quantize" in human.output and "done" in human.output
 
 
-def test_changed_items_make_quantize_stale_then_rerun(foundation, tmp_path):
-    _, _, wd0, _ = foundation
+def test_changed_items_make_quantize_stale_then_rerun(small_sample, tmp_path):
     data = tmp_path / "data"
-    shutil.copytree(SAMPLE, data)
+    shutil.copytree(small_sample.folder, data)
     wd = tmp_path / "work"
-    for args in (["ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv")],
-                 ["embed"], ["quantize", "--levels", "2", "--codes", "16"]):
+    for args in (small_sample.ingest_args(data), ["embed"], ["quantize", "--levels", "2", "--codes", "4"]):
         r, p = _run(wd, *args)
-        assert r.exit_code == 0, r.output
+        assert r.exit_code == 0 and p["status"] == "done", r.output
     items = data / "items.csv"
     items.write_text(items.read_text().replace("The Broken Threshold", "The Mended Threshold", 1))
     r, p = _run(wd, "status")
     states = {s["step"]: s["state"] for s in p["steps"]}
     assert states["ingest"] == states["embed"] == states["quantize"] == "stale"
-    r, p = _run(wd, "ingest", "--items", str(items), "--interactions", str(data / "interactions.csv"))
+    r, p = _run(wd, *small_sample.ingest_args(data))
     assert p["status"] == "done"
     r, p = _run(wd, "status")
     states = {s["step"]: s["state"] for s in p["steps"]}
     assert states["ingest"] == "done" and states["embed"] == states["quantize"] == "stale"
     r, p = _run(wd, "embed")
     assert p["status"] == "done"
-    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16")
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "4")
     assert p["status"] == "done"  # stale input -> reran instead of "up to date"
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "4")
+    assert p["status"] == "up-to-date"  # and then it is current again
 
 
 def test_quantize_too_many_codes_is_exit_2_and_writes_nothing(foundation, tmp_path):

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from gencli.cli import COMMANDS
+from gencli.steps import REGISTRY, available
+
+COMMANDS = [s.name for s in REGISTRY if available(s.name)]
 
 CHECK = """
 import sys

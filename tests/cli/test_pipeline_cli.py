@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -82,6 +84,20 @@ def test_run_trains_and_evaluates_end_to_end(piped):
     assert (wd / "sft" / "model" / "config.json").exists() and (wd / "sft" / "metrics.jsonl").exists()
 
 
+def test_cold_eval_cohort_is_the_users_whose_target_was_at_most_once_a_training_target(piped):
+    """The pipeline's cold-eval has max-train-count 1 and no user cap: every such test user, no other."""
+    _, wd, _, summary = piped
+    as_target = Counter()
+    for sequence in pl.read_parquet(wd / "ingest" / "train.parquet")["sequence"].to_list():
+        as_target.update(sequence[1:])  # sft predicts every item after a user's first
+    test = pl.read_parquet(wd / "ingest" / "test.parquet")
+    cohort = {u for u, t in zip(test["user_idx"].to_list(), test["target"].to_list(), strict=True) if as_target[t] <= 1}
+    assert 0 < len(cohort) < test.height
+    assert summary["results"]["cold-eval"]["cohort_size"] == len(cohort)
+    predicted = pl.read_parquet(wd / "cold-eval" / "predictions.parquet")
+    assert sorted(predicted["user_idx"].to_list()) == sorted(cohort)
+
+
 def test_rerun_skips_everything(piped):
     _, wd, config, _ = piped
     manifest = (wd / "manifest.json").read_bytes()
@@ -118,6 +134,7 @@ def _sft_args(wd: Path) -> list[str]:
             "--eval-every", "8", "--eval-users", "20", "--eval-beams", "5", "--max-history", "5", "--device", "cpu"]
 
 
+@pytest.mark.slow  # ~30 s of subprocesses; tests/core/test_engine.py's resume tests cover the engine in-process
 def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an sft mid-run, --resume it, and get exactly the metrics of an uninterrupted run."""
     _, wd0, _, _ = piped
@@ -158,19 +175,19 @@ def test_eval_prune_is_recorded_and_exact_at_keep_ratio_one(piped, tmp_path):
     wd = tmp_path / "work"
     shutil.copytree(wd0, wd)
     base = ["eval", "--workdir", str(wd), "--json", "--beams", "5", "--k", "1,5", "--max-users", "40", "--prune",
-            "--prune-window", "4"]
-    whole = CliRunner().invoke(cli, [*base, "--prune-keep-ratio", "1.0"])
+            "--recent-window", "4"]
+    whole = CliRunner().invoke(cli, [*base, "--keep-ratio", "1.0"])
     assert whole.exit_code == 0, whole.output
     assert _json(whole)["metrics"]["overall"] == summary["results"]["eval"]["overall"]  # nothing pruned: identical
-    half = CliRunner().invoke(cli, [*base, "--prune-keep-ratio", "0.5"])
+    half = CliRunner().invoke(cli, [*base, "--keep-ratio", "0.5"])
     assert half.exit_code == 0, half.output
     pruned = _json(half)["metrics"]["prune"]
     assert {k: pruned[k] for k in ("layer", "keep_ratio", "window")} == {"layer": 2, "keep_ratio": 0.5, "window": 4}
     assert 0.5 * pruned["prompt_tokens"] - 40 < pruned["kept_tokens"] < pruned["prompt_tokens"]
     record = json.loads((wd / "eval" / "step.json").read_text())
     # params hold the option as given (0 = auto); metrics name the layer it resolved to (2 of the tiny preset's 4)
-    assert {k: record["params"][k] for k in ("prune", "prune_layer", "prune_keep_ratio", "prune_window")} == {
-        "prune": True, "prune_layer": 0, "prune_keep_ratio": 0.5, "prune_window": 4}
+    assert {k: record["params"]["stamp"][k] for k in ("sap", "layer", "keep_ratio", "recent_window")} == {
+        "sap": True, "layer": 0, "keep_ratio": 0.5, "recent_window": 4}
     assert json.loads((wd / "eval" / "metrics.json").read_text())["prune"] == pruned
-    bad = CliRunner().invoke(cli, [*base, "--prune-layer", "4", "--force"])
-    assert bad.exit_code == 2 and "--prune-layer must be in [1, 3] for this 4-layer model" in _json(bad)["error"]
+    bad = CliRunner().invoke(cli, [*base, "--stamp-layer", "4", "--force"])
+    assert bad.exit_code == 2 and "--stamp-layer must be in [1, 3] for this 4-layer model" in _json(bad)["error"]

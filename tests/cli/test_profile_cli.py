@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gencli.cli import cli
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "frozen_gc")
 
 
 def _run(workdir, *args, json_mode=True):
@@ -47,13 +47,14 @@ def test_profile_is_a_workspace_step_with_a_json_and_a_table(tiny_workdir):
                                                                                          "init-vocab"}
     assert not (wd / "init-vocab" / "model" / "checkpoints").exists()
 
-    r, _ = _run(wd, *args, "--force", json_mode=False)  # the human table
-    assert r.exit_code == 0, r.output
-    assert "tokens/s" in r.output and "speedup" in r.output and "activations MB" in r.output
-    assert r.output.count("│ stamp ") == 2  # one row per table (time, memory)
-
     r, payload = _run(wd, *args)
-    assert payload["status"] == "up-to-date"
+    assert payload["status"] == "up-to-date" and payload["metrics"]["variants"] == rows
+
+    r, _ = _run(wd, *args, json_mode=False)  # the human table, from the recorded metrics
+    assert r.exit_code == 0, r.output
+    assert "up to date" in r.output and "tokens/s" in r.output and "speedup" in r.output
+    assert "activations MB" in r.output
+    assert r.output.count("│ stamp ") == 2  # one row per table (time, memory)
 
 
 def test_profile_rejects_unknown_variants_and_missing_upstream(tiny_workdir, tmp_path):

@@ -182,3 +182,67 @@ def test_sid_softmax_rows_normalise_over_sid_tokens_only():
         assert items[u].tolist() == best.tolist()
         np.testing.assert_allclose(scores[u], exact[best], atol=1e-4)
         assert (scores[u] > teacher_forced_scores(model, prompt, sids)[best]).all()  # SID-only mass is larger
+
+
+def test_dead_keys_by_hand():
+    # items 0..3; leaves in SID order are items 0, 3, 1, 2; prefix (5,) holds 0, 3, 1 and (5, 7) holds 0, 3
+    trie = SidTrie(np.array([[5, 7, 9], [5, 8, 9], [6, 7, 9], [5, 7, 10]]))
+    dead = trie.dead_keys([[0], [0, 3], [0, 1, 3, 3], [2], []])
+    n1, n2, n3 = (trie.n_nodes(t) for t in (1, 2, 3))
+    assert dead[0].tolist() == [2 * n1 + 0, 3 * n1 + 1]  # user 2 lost all of (5,), user 3 all of (6,)
+    assert dead[1].tolist() == [1 * n2 + 0, 2 * n2 + 0, 2 * n2 + 1, 3 * n2 + 2]
+    assert dead[2].tolist() == [0, n3 + 0, n3 + 1, 2 * n3 + 0, 2 * n3 + 1, 2 * n3 + 2, 3 * n3 + 3]
+    with pytest.raises(ValueError, match="outside the catalog"):
+        trie.dead_keys([[4]])
+
+
+def test_banned_items_match_the_exhaustive_ranking_without_them():
+    levels = (6, 6, 3)
+    model, sids = tiny_model(levels), random_catalog(levels, 150)
+    prompts = random_prompts(4, model.config.vocab_size)
+    rng = np.random.default_rng(9)
+    banned = [rng.choice(len(sids), size=s, replace=False).tolist() for s in (0, 5, 40, len(sids) - 3)]
+    items, scores = constrained_beam_search(model, prompts, SidTrie(sids), beams=len(sids), top_k=10, batch_size=3,
+                                            banned=banned)
+    for u, prompt in enumerate(prompts):
+        exact = teacher_forced_scores(model, prompt, sids)
+        exact[banned[u]] = -np.inf
+        best = np.lexsort((np.arange(len(sids)), -exact))[: min(10, len(sids) - len(banned[u]))]
+        got = items[u][items[u] >= 0]
+        assert got.tolist() == best.tolist()
+        np.testing.assert_allclose(scores[u][: len(got)], exact[best], atol=1e-4)
+    assert (items[3][3:] == -1).all() and np.isneginf(scores[3][3:]).all()  # only 3 items were left
+
+
+@pytest.mark.parametrize("levels,n", [((4, 4, 4, 2), 120), ((2, 2, 2, 50), 400)])
+def test_with_beams_equal_k_every_user_gets_k_distinct_unbanned_items(levels, n):
+    """Beam search keeps min(beams, live items) beams: a narrow beam cannot be starved by banned prefixes."""
+    model, sids = tiny_model(levels, seed=2), random_catalog(levels, n, seed=2)
+    trie = SidTrie(sids)
+    prompts = random_prompts(6, model.config.vocab_size, seed=3)
+    # ban what an unmasked search would return first, and most of the catalog for some users
+    plain, _ = constrained_beam_search(model, prompts, trie, beams=5, top_k=5)
+    rng = np.random.default_rng(4)
+    keep = [len(sids) - 7, len(sids) - 5, 30, len(sids) // 2, 5, 0]
+    banned = []
+    for u, left in enumerate(keep):
+        others = np.setdiff1d(np.arange(len(sids)), plain[u])
+        banned.append(np.concatenate([plain[u], rng.choice(others, size=max(left - 5, 0), replace=False)]).tolist()
+                      if left else [])
+    items, scores = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=4, banned=banned)
+    for u in range(len(prompts)):
+        row = items[u].tolist()
+        assert len(set(row)) == 5 and min(row) >= 0 and not set(row) & set(banned[u])
+        assert np.isfinite(scores[u]).all()
+
+
+def test_no_banned_items_is_bit_identical_to_the_plain_search():
+    levels = (8, 8, 4)
+    model, sids = tiny_model(levels, seed=5), random_catalog(levels, 200, seed=5)
+    trie = SidTrie(sids)
+    prompts = random_prompts(5, model.config.vocab_size, seed=6)
+    plain = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=2)
+    empty = constrained_beam_search(model, prompts, trie, beams=5, top_k=5, batch_size=2, banned=[[]] * 5)
+    assert (plain[0] == empty[0]).all() and plain[1].tobytes() == empty[1].tobytes()
+    with pytest.raises(ValueError, match="one list per prompt"):
+        constrained_beam_search(model, prompts, trie, beams=5, top_k=5, banned=[[]])

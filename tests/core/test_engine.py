@@ -17,7 +17,8 @@ from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.train.batches import ListExamples, batches_per_epoch, collate, epoch_batches
 from gencli.core.train.callbacks import EarlyStopping
 from gencli.core.train.checkpoints import list_checkpoints
-from gencli.core.train.loop import default_param_groups, fit, lr_factor
+from gencli.core.train.loop import fit
+from gencli.core.train.step import default_param_groups, lr_factor
 
 VOCAB = 48
 PAD = 0

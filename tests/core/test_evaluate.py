@@ -20,6 +20,9 @@ LEVELS = (4, 4, 3)  # 2 levels + dedup
 BASE = 30
 
 
+IDS = [f"item-{i:03d}" for i in range(30)]  # the catalog's item ids, aligned with item_idx
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
@@ -51,19 +54,24 @@ def setup(tmp_path_factory):
 def test_eval_writes_predictions_and_metrics(setup, tmp_path):
     root, vocab, codes, split, buckets = setup
     cfg = EvalConfig(beams=6, k=(1, 5), batch_size=5, max_history=3, device="cpu")
-    result = run(cfg, root / "model", vocab, codes, split, buckets, None, tmp_path)
+    result = run(cfg, root / "model", vocab, codes, IDS, split, buckets, None, tmp_path)
     preds = pl.read_parquet(tmp_path / artifacts.PREDICTIONS)
     assert preds.schema == pl.Schema(
         {
             "user_idx": pl.Int32,
             "target": pl.Int32,
+            "target_id": pl.String,
             "items": pl.List(pl.Int64),
+            "item_ids": pl.List(pl.String),
             "scores": pl.List(pl.Float32),
             "rank": pl.Int32,
         }
     )
     assert preds["user_idx"].to_list() == split["user_idx"].to_list()
     items = np.array(preds["items"].to_list())
+    # item ids next to the indices: IDS[i] for every predicted item and for the target
+    assert preds["item_ids"].to_list() == [[IDS[i] for i in row] for row in items.tolist()]
+    assert preds["target_id"].to_list() == [IDS[t] for t in split["target"].to_list()]
     assert items.shape == (12, 5)
     # the same as decoding the prompt format by hand
     tokens = item_token_ids(codes, vocab)
@@ -90,8 +98,8 @@ def test_cohort_subsample_and_determinism(setup, tmp_path):
     root, vocab, codes, split, _ = setup
     cfg = EvalConfig(beams=4, k=(2,), max_users=3, seed=7, device="cpu", cold_max_train_count=1)
     cohort = np.arange(12) % 2 == 0
-    first = run(cfg, root / "model", vocab, codes, split, None, cohort, tmp_path / "a")
-    run(cfg, root / "model", vocab, codes, split, None, cohort, tmp_path / "b")
+    first = run(cfg, root / "model", vocab, codes, IDS, split, None, cohort, tmp_path / "a")
+    run(cfg, root / "model", vocab, codes, IDS, split, None, cohort, tmp_path / "b")
     assert first["cohort_size"] == 6 and first["users"] == 3
     users = pl.read_parquet(tmp_path / "a" / artifacts.PREDICTIONS)["user_idx"].to_list()
     assert len(users) == 3 and set(users) <= {0, 20, 40, 60, 80, 100} and users == sorted(users)
@@ -103,7 +111,7 @@ def test_empty_cohort_suggests_larger_max_train_count(setup, tmp_path):
     root, vocab, codes, split, _ = setup
     cfg = EvalConfig(beams=4, k=(2,), device="cpu", cold_max_train_count=0)
     with pytest.raises(InputError, match="cohort is empty.*larger --max-train-count"):
-        run(cfg, root / "model", vocab, codes, split, None, np.zeros(12, dtype=bool), tmp_path)
+        run(cfg, root / "model", vocab, codes, IDS, split, None, np.zeros(12, dtype=bool), tmp_path)
 
 
 def test_bad_inputs_name_the_problem(setup, tmp_path):
@@ -111,11 +119,11 @@ def test_bad_inputs_name_the_problem(setup, tmp_path):
     cfg = EvalConfig(beams=4, k=(2,), device="cpu")
     bad = split.with_columns(pl.when(pl.col("user_idx") == 30).then(99).otherwise(pl.col("target")).alias("target"))
     with pytest.raises(ArtifactError, match=r"test.parquet rows \[3\] refer to items outside"):
-        run(cfg, root / "model", vocab, codes, bad, None, None, tmp_path)
+        run(cfg, root / "model", vocab, codes, IDS, bad, None, None, tmp_path)
     with pytest.raises(ArtifactError, match="lacks column"):
-        run(cfg, root / "model", vocab, codes, split.drop("history"), None, None, tmp_path)
-    with pytest.raises(ArtifactError, match="no HF model"):
-        run(cfg, tmp_path / "nothing", vocab, codes, split, None, None, tmp_path)
+        run(cfg, root / "model", vocab, codes, IDS, split.drop("history"), None, None, tmp_path)
+    with pytest.raises(ArtifactError, match="has no config.json"):
+        run(cfg, tmp_path / "nothing", vocab, codes, IDS, split, None, None, tmp_path)
     no_bos = SidVocab(vocab.token_ids, None, 2, 0, BASE)
     with pytest.raises(InputError, match="user_idx \\d+: a user has an empty history"):
-        run(cfg, root / "model", no_bos, codes, split, None, None, tmp_path)
+        run(cfg, root / "model", no_bos, codes, IDS, split, None, None, tmp_path)

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from factories import build_sid_model
 
-from gencli.config import ProfileConfig, TrainConfig
+from gencli.config import ProfileConfig, StampConfig, TrainConfig
 from gencli.core.train import profile
 from gencli.errors import ConfigError, InputError
 from gencli.workspace.hashing import sha256_file
@@ -17,7 +17,7 @@ from gencli.workspace.hashing import sha256_file
 CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "frozen_gc")
 
 
 
@@ -32,8 +32,8 @@ def train_split(n_users: int = 16) -> pl.DataFrame:
 def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     before = {p.name: sha256_file(p) for p in model_dir.iterdir()}
-    train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, stamp_layer=1, keep_ratio=0.5,
-                            recent_window=4, sid_softmax=True)
+    train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, sid_softmax=True,
+                            stamp=StampConfig(layer=1, keep_ratio=0.5, recent_window=4))
     cfg = ProfileConfig(steps=2, warmup_steps=1, device="cpu", detail=True)
     out = profile.run(cfg, train_cfg, model_dir, vocab_path, CODES, train_split(), tmp_path / "out")
 
@@ -52,9 +52,10 @@ def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
 
 
 def test_variant_flags_and_config_checks(tmp_path):
-    cfg = TrainConfig(sap=True, map=False, keep_ratio=0.3)
-    assert (profile.variant_config(cfg, "base").sap, profile.variant_config(cfg, "base").map) == (False, False)
-    stamp = profile.variant_config(cfg, "stamp")
+    cfg = TrainConfig(stamp=StampConfig(sap=True, map=False, keep_ratio=0.3))
+    base = profile.variant_config(cfg, "base").stamp
+    assert (base.sap, base.map) == (False, False)
+    stamp = profile.variant_config(cfg, "stamp").stamp
     assert (stamp.sap, stamp.map, stamp.keep_ratio) == (True, True, 0.3)
     with pytest.raises(ConfigError, match="unknown fast"):
         ProfileConfig(variants=("base", "fast"))

@@ -11,7 +11,7 @@ import torch
 from factories import build_sid_model
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
+from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
@@ -126,15 +126,15 @@ def test_sft_with_sap_records_the_layer_auto_resolved_to_and_rejects_a_bad_one_b
 
     model_dir, vocab_path = build_sid_model(tmp_path / "in", layers=4)
     train, valid = toy_splits()
-    cfg = TrainConfig(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=5, sap=True, keep_ratio=0.5,
-                      recent_window=4)
-    assert cfg.stamp_layer == 0  # the default: a quarter of the layers, at least 2
+    cfg = TrainConfig(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=5,
+                      stamp=StampConfig(sap=True, keep_ratio=0.5, recent_window=4))
+    assert cfg.stamp.layer == 0  # the default: a quarter of the layers, at least 2
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "sft")
     assert metrics["stamp_layer"] == 2
     plain = sft.run(TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_users=4, eval_beams=5), model_dir,
                     vocab_path, CODES, train, valid, tmp_path / "plain")
     assert "stamp_layer" not in plain
     with pytest.raises(ConfigError, match=r"--stamp-layer must be in \[1, 3\] for this 4-layer model \(got 4\)"):
-        sft.run(TrainConfig(device="cpu", max_steps=1, sap=True, stamp_layer=4), model_dir, vocab_path, CODES, train,
+        sft.run(TrainConfig(device="cpu", max_steps=1, stamp=StampConfig(sap=True, layer=4)), model_dir, vocab_path, CODES, train,
                 valid, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # failed before any output

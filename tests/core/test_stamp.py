@@ -7,11 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
+from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
-from gencli.core.stamp import loss as stamp_loss
 from gencli.core.stamp import sap as stamp_sap
-from gencli.core.train.loop import make_loss
+from gencli.core.train.step import make_loss
 
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=64, max_position_embeddings=128, pad_token_id=0)
@@ -77,31 +76,13 @@ def test_the_first_token_is_protected_and_recency_keeps_the_newest():
     assert protected[2].nonzero().flatten().tolist() == [0, 3, 4, 5, 6]
     with torch.no_grad():
         _, scores = stamp_sap.score_tokens(model, ids, mask, layer=1, score="recency")
-        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=1, keep_ratio=0.5,
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, StampConfig(sap=True, layer=1, keep_ratio=0.5,
                                                                                     recent_window=4, score="recency"))
     assert scores[0].tolist() == [float(i) for i in range(20)]
     # 20 tokens keep 10: the first (sink), the 4-token window, then the 5 newest others
     assert pruned.index[0][pruned.valid[0]].tolist() == [0, *range(11, 20)]
     assert pruned.index[1][pruned.valid[1]].tolist() == [0, 8, 9, 10, 11, 12]  # 13 tokens: floor 6 -> sink + 5 newest
     assert pruned.index[2][pruned.valid[2]].tolist() == [0, 3, 4, 5, 6]  # 7 tokens: only the protected 5
-
-
-def test_attention_score_is_the_normalised_attention_received():
-    model = tiny("qwen3")
-    ids, mask, _ = padded_batch()
-    valid = mask.bool()
-    inputs = {}
-    handle = model.model.layers[1].register_forward_pre_hook(
-        lambda m, args, kwargs: inputs.update(hidden=args[0] if args else kwargs["hidden_states"],
-                                              rope=kwargs["position_embeddings"]), with_kwargs=True)
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask)
-        probs = stamp_sap.attention_probs(model.model.layers[1], inputs["hidden"], inputs["rope"], valid)
-        _, scores = stamp_sap.score_tokens(model, ids, mask, layer=2, score="attention")
-    handle.remove()
-    expected = stamp_sap.minmax(stamp_sap.attention_received(probs, valid), valid)
-    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
-    assert scores[valid].max() == 1.0 and scores[~valid].abs().sum() == 0
 
 
 def test_minmax_ignores_padding_and_importance_is_the_product():
@@ -118,7 +99,7 @@ def test_keep_ratio_one_reproduces_the_unpruned_logits(family, score):
     ids, mask, targets = padded_batch()
     with torch.no_grad():
         reference = model(input_ids=ids, attention_mask=mask).logits
-        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=1, keep_ratio=1.0,
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, StampConfig(sap=True, layer=1, keep_ratio=1.0,
                                                                                     score=score))
         logits = model.lm_head(pruned.hidden)
     assert torch.equal(pruned.index[pruned.valid], torch.arange(ids.shape[1]).expand_as(ids)[mask.bool()])
@@ -132,7 +113,7 @@ def test_keep_ratio_one_trains_with_the_base_gradients(family):
     batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
     base, sap = tiny(family), tiny(family)
     TokenLoss()(base, batch).backward()
-    make_loss(TrainConfig(sap=True, stamp_layer=1, keep_ratio=1.0))(sap, batch).backward()
+    make_loss(StampConfig(sap=True, layer=1, keep_ratio=1.0))(sap, batch).backward()
     for (name, a), (_, b) in zip(base.named_parameters(), sap.named_parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
 
@@ -148,7 +129,7 @@ def test_later_layers_see_the_original_position_ids():
 
     handle = model.model.layers[2].register_forward_pre_hook(grab, with_kwargs=True)
     with torch.no_grad():
-        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=2, keep_ratio=0.5,
+        pruned = stamp_sap.pruned_forward(model, ids, mask, targets, StampConfig(sap=True, layer=2, keep_ratio=0.5,
                                                                                     recent_window=4))
     handle.remove()
     assert torch.equal(seen["position_ids"], pruned.index)
@@ -191,27 +172,45 @@ def _train(model, loss_fn, steps=3):
 
 def test_map_with_weight_zero_trains_bit_identically():
     base = _train(tiny("qwen3"), TokenLoss())
-    mtp = _train(tiny("qwen3"), make_loss(TrainConfig(map=True, mtp_weight=0.0)))
+    mtp = _train(tiny("qwen3"), make_loss(StampConfig(map=True, mtp_weight=0.0)))
     for (name, a), (_, b) in zip(base.named_parameters(), mtp.named_parameters(), strict=True):
         assert torch.equal(a, b), name
-    moved = _train(tiny("qwen3"), make_loss(TrainConfig(map=True, mtp_weight=0.5)))
+    moved = _train(tiny("qwen3"), make_loss(StampConfig(map=True, mtp_weight=0.5)))
     assert not torch.equal(moved.lm_head.weight, base.lm_head.weight)
 
 
-def test_map_loss_is_main_plus_weighted_foresight_cross_entropy():
+@pytest.mark.parametrize("lam", [0.0, 0.3])
+def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
+    """By hand from the raw weights: positions enumerated, RMSNorm and cross-entropy written out (at lambda 0 the
+    foresight logits are the model's own logits at t, scored against the token after next)."""
     model = tiny("llama")
     ids, mask, targets = padded_batch()
     batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
     with torch.no_grad():
-        got = make_loss(TrainConfig(map=True, mtp_lambda=0.3, mtp_weight=0.5))(model, batch)
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        main = TokenLoss()(model, batch)
-        nxt = stamp_loss.next_targets(targets)
-        both = (targets != IGNORE_INDEX) & (nxt != IGNORE_INDEX)
-        fused = 0.7 * hidden[both] + 0.3 * model.model.norm(model.model.embed_tokens(targets[both]))
-        aux = torch.nn.functional.cross_entropy(model.lm_head(fused), nxt[both], reduction="sum")
-    assert int(both.sum()) == 6  # 2 foresight positions per 3-token target
-    torch.testing.assert_close(got, main + 0.5 * aux)
+        got = make_loss(StampConfig(map=True, mtp_lambda=lam, mtp_weight=0.5))(model, batch)
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    final = out.hidden_states[-1]  # after the final norm: what the LM head reads
+    norm_w, eps = model.model.norm.weight, model.config.rms_norm_eps
+    embed_w, head_w = model.model.embed_tokens.weight, model.lm_head.weight
+
+    def nll(logits: torch.Tensor, target: int) -> float:
+        return float(torch.logsumexp(logits.double(), dim=0) - logits[target].double())
+
+    main = aux = 0.0
+    pairs = []
+    for row in range(ids.shape[0]):
+        labelled = [t for t in range(ids.shape[1]) if targets[row, t] != IGNORE_INDEX]
+        main += sum(nll(out.logits[row, t], int(targets[row, t])) for t in labelled)
+        for t in labelled:
+            if t + 1 in labelled:  # y_{t+1} = targets[t] is fused in, y_{t+2} = targets[t + 1] is predicted
+                e = embed_w[int(targets[row, t])]
+                e_normed = norm_w * e / torch.sqrt(e.pow(2).mean() + eps)
+                fused = (1 - lam) * final[row, t] + lam * e_normed
+                logits = out.logits[row, t] if lam == 0 else head_w @ fused
+                aux += nll(logits, int(targets[row, t + 1]))
+                pairs.append((row, t))
+    assert len(pairs) == 6  # 2 foresight positions per 3-token target
+    torch.testing.assert_close(float(got), main + 0.5 * aux, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("sid_rows", [None, list(range(32, 64))])
@@ -220,7 +219,7 @@ def test_stamp_loss_trains_with_and_without_sid_softmax(sid_rows):
     ids, mask, targets = padded_batch()
     targets = torch.where(targets != IGNORE_INDEX, targets % 32 + 32, targets)  # SID-like targets
     batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
-    cfg = TrainConfig(sap=True, map=True, stamp_layer=1, keep_ratio=0.5, recent_window=4)
+    cfg = StampConfig(sap=True, map=True, layer=1, keep_ratio=0.5, recent_window=4)
     loss = make_loss(cfg, sid_rows)(model, batch)
     loss.backward()
     assert torch.isfinite(loss) and model.model.layers[2].mlp.up_proj.weight.grad.abs().sum() > 0
@@ -230,7 +229,7 @@ def test_stamp_layer_must_leave_layers_to_prune():
     model = tiny("qwen3")
     ids, mask, targets = padded_batch()
     with pytest.raises(Exception, match="--stamp-layer must be in \\[1, 2\\]"):
-        stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer=3))
+        stamp_sap.resolve(model, StampConfig(sap=True, layer=3))
 
 
 def test_auto_layer_is_a_quarter_of_the_depth_at_least_two():
@@ -241,6 +240,9 @@ def test_auto_layer_is_a_quarter_of_the_depth_at_least_two():
 def test_auto_layer_prunes_after_the_resolved_layer():
     model = tiny("llama")  # 3 layers: auto is layer 2
     ids, mask, targets = padded_batch()
-    auto, two = (stamp_sap.pruned_forward(model, ids, mask, targets, stamp_sap.SapSettings(layer, 0.5, 4)) for layer in (0, 2))
+    auto, two = (stamp_sap.pruned_forward(model, ids, mask, targets,
+                                          stamp_sap.resolve(model, StampConfig(sap=True, layer=layer, keep_ratio=0.5,
+                                                                               recent_window=4)))
+                 for layer in (0, 2))
     assert torch.equal(auto.index, two.index) and torch.equal(auto.hidden, two.hidden)
-    assert stamp_sap.check_layer(model, 0) == 2
+    assert stamp_sap.resolve(model, StampConfig(sap=True)).layer == 2

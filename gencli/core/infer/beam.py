@@ -30,10 +30,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from gencli.config import StampConfig
 from gencli.core.infer.trie import SidTrie
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count, prune_prompts
-from gencli.core.stamp.sap import SapSettings, check_layer
+from gencli.core.stamp.sap import resolve
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -85,9 +86,14 @@ def _decode_batch(
     cache_kw: str,
     keep_kw: bool,
     rows: torch.Tensor | None = None,
-    prune: SapSettings | None = None,
+    prune: StampConfig | None = None,
+    dead: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf."""
+    """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf.
+
+    ``dead`` (:meth:`SidTrie.dead_keys` of this batch's users) masks every trie node whose items the
+    user must not get, so those prefixes never take a beam.
+    """
     device = trie._leaf_item.device
     b = len(prompts)
     # decoding continues after the ORIGINAL prompt, whatever the prefill kept
@@ -108,10 +114,13 @@ def _decode_batch(
     row = torch.arange(b, device=device).repeat_interleave(beams)  # logp row of each beam (prefill: the user's row)
     user_base = torch.arange(b, device=device)[:, None] * beams
     beam_mask = mask.repeat_interleave(beams, dim=0)
+    user_of_beam = torch.arange(b, device=device).repeat_interleave(beams)
     for t in range(trie.depth):
         child, tok, valid = trie.children(nodes, t)  # [b*beams, C]
         c = child.shape[1]
         cand = score.reshape(-1, 1) + logp[row[:, None], tok]
+        if dead is not None and len(dead[t]):
+            valid = valid & ~torch.isin(user_of_beam[:, None] * trie.n_nodes(t + 1) + child, dead[t])
         cand = cand.masked_fill(~valid, -math.inf).reshape(b, beams * c)
         score, flat = cand.topk(beams, dim=1)
         origin = user_base + torch.div(flat, c, rounding_mode="floor")  # global beam row each new beam extends
@@ -156,7 +165,8 @@ def constrained_beam_search(
     device: torch.device | str | None = None,
     progress: Progress = SILENT,
     softmax_rows: Sequence[int] | None = None,
-    prune: SapSettings | None = None,
+    prune: StampConfig | None = None,
+    banned: Sequence[Sequence[int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
@@ -165,7 +175,9 @@ def constrained_beam_search(
     device); the trie is moved there. Scores are sums of full-vocab log-probabilities
     of the chosen tokens (over ``softmax_rows`` only when given: for models trained with a
     SID-restricted softmax, whose base-token logits are untrained); ``prune`` prefills only the
-    tokens SAP keeps (:func:`prune_prompts`). Returns (items [U, top_k] int64, -1 where fewer than top_k items were
+    tokens SAP keeps (:func:`prune_prompts`). ``banned[u]`` lists item indices prompt u must not get
+    (seen items): they are masked inside the search, so with ``top_k <= beams`` a prompt gets exactly
+    top_k distinct allowed items whenever the catalog has that many. Returns (items [U, top_k] int64, -1 where fewer than top_k items were
     reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index.
     """
     if not 1 <= top_k <= beams:
@@ -180,7 +192,7 @@ def constrained_beam_search(
     if trie.vocab_bound > n_vocab:
         raise ValueError(f"the SID token ids go up to {trie.vocab_bound - 1} but the model has {n_vocab} logits")
     if prune is not None:
-        prune = dataclasses.replace(prune, layer=check_layer(model, prune.layer, "--prune-layer"))
+        prune = resolve(model, dataclasses.replace(prune, sap=True))
         if prune.recent_window < 1:
             raise ValueError("prune.recent_window must be >= 1: the last prompt token's logits start the decoding")
     model.eval()
@@ -189,6 +201,10 @@ def constrained_beam_search(
     rows = None if softmax_rows is None else torch.as_tensor(list(softmax_rows), dtype=torch.int64, device=device)
     keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
     n = len(prompts)
+    if banned is not None and len(banned) != n:
+        raise ValueError(f"banned must hold one list per prompt ({n}), got {len(banned)}")
+    if banned is not None and not any(len(b) for b in banned):
+        banned = None  # nothing to mask: the plain search, bit for bit
     items = np.full((n, top_k), -1, dtype=np.int64)
     scores = np.full((n, top_k), -np.inf, dtype=np.float32)
     # longest prompts first: batches of similar length waste little on padding, and memory peaks early
@@ -196,8 +212,11 @@ def constrained_beam_search(
     with torch.inference_mode(), progress.track("decode", n) as advance:
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
+            dead = None
+            if banned is not None:
+                dead = [keys.to(device) for keys in trie.dead_keys([banned[i] for i in idx])]
             batch_items, batch_scores = _decode_batch(
-                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune
+                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
             items[idx] = batch_items.cpu().numpy()

@@ -15,18 +15,24 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
-from transformers import AutoModelForCausalLM
 
-from gencli.config import EvalConfig
+from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.metrics import rank_of_target, summarize
+from gencli.core.infer.metrics import (
+    coverage_at_k,
+    popularity_percentile_at_k,
+    popularity_ranks,
+    rank_of_target,
+    summarize,
+)
 from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count
-from gencli.core.stamp.sap import SapSettings, check_layer
+from gencli.core.stamp.sap import resolve
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_COLUMNS = ("user_idx", "history", "target")
@@ -49,8 +55,8 @@ def _check_split(split: pl.DataFrame, n_items: int, name: str) -> None:
         )
 
 
-def _select_users(
-    n_rows: int, cohort_mask: np.ndarray | None, max_users: int, seed: int, cold_max_train_count: int
+def select_users(
+    n_rows: int, cohort_mask: np.ndarray | None, max_users: int, seed: int, cold_max_train_count: int = -1
 ) -> tuple[np.ndarray, int | None]:
     """Row indices to evaluate (cohort, then a seeded subsample) and the cohort size (None without cohort)."""
     rows = np.arange(n_rows)
@@ -90,43 +96,74 @@ def build_prompts(
     return prompts
 
 
-def evaluate_model(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    targets: np.ndarray,
-    trie: SidTrie,
-    ks: Sequence[int],
-    beams: int,
-    batch_size: int,
-    groups: np.ndarray | None = None,
-    device: torch.device | None = None,
-    progress: Progress = SILENT,
-    softmax_rows: Sequence[int] | None = None,
-    prune: SapSettings | None = None,
-) -> dict:
-    """Decode ``prompts`` with an in-memory model and score against ``targets`` (also used during training).
+class Evaluator:
+    """A fixed set of split users, decoded and scored: the one evaluator of ``gencli eval`` and sft's validation.
 
-    ``prune`` prefills only the prompt tokens SAP keeps (``gencli eval --prune``).
-    Returns {"items", "scores", "ranks" (arrays), "metrics" (summarize()), "decode_seconds", "users_per_s"}.
+    Users are the rows of ``split`` in ``cohort_mask`` (cold-eval), then a seeded subsample of ``max_users``
+    (0 = all); their prompts are built once. Calling it decodes with an in-memory model.
     """
-    started = time.perf_counter()
-    items, scores = constrained_beam_search(
-        model, prompts, trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device, progress=progress,
-        softmax_rows=softmax_rows, prune=prune,
-    )
-    seconds = time.perf_counter() - started
-    ranks = rank_of_target(items, np.asarray(targets))
-    return {
-        "items": items,
-        "scores": scores,
-        "ranks": ranks,
-        "metrics": summarize(ranks, ks, groups),
-        "decode_seconds": seconds,
-        "users_per_s": len(prompts) / seconds if seconds > 0 else float("inf"),
-    }
+
+    def __init__(self, split: pl.DataFrame, item_tokens: np.ndarray, bos_id: int | None, *, max_history: int,
+                 max_users: int = 0, seed: int = 0, cohort_mask: np.ndarray | None = None,
+                 cold_max_train_count: int = -1, name: str = "split"):
+        _check_split(split, len(item_tokens), name)
+        self.rows, self.cohort_size = select_users(split.height, cohort_mask, max_users, seed, cold_max_train_count)
+        users = split[self.rows]
+        self.users = users
+        self.user_idx = users["user_idx"].to_numpy()
+        self.targets = users["target"].to_numpy().astype(np.int64)
+        self.prompts = build_prompts(users["history"].to_list(), self.user_idx, item_tokens, max_history, bos_id)
+        self.trie = SidTrie(item_tokens)
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        ks: Sequence[int],
+        beams: int,
+        batch_size: int,
+        groups: np.ndarray | None = None,
+        device: torch.device | None = None,
+        progress: Progress = SILENT,
+        softmax_rows: Sequence[int] | None = None,
+        prune: StampConfig | None = None,
+    ) -> dict:
+        """Decode every prompt (``prune``: prefill only the prompt tokens SAP keeps, ``gencli eval --prune``).
+
+        Returns {"items", "scores", "ranks" (arrays), "metrics" (summarize()), "decode_seconds", "users_per_s"}.
+        """
+        started = time.perf_counter()
+        items, scores = constrained_beam_search(
+            model, self.prompts, self.trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device,
+            progress=progress, softmax_rows=softmax_rows, prune=prune,
+        )
+        seconds = time.perf_counter() - started
+        ranks = rank_of_target(items, self.targets)
+        return {
+            "items": items,
+            "scores": scores,
+            "ranks": ranks,
+            "metrics": summarize(ranks, ks, groups),
+            "decode_seconds": seconds,
+            "users_per_s": len(self.prompts) / seconds if seconds > 0 else float("inf"),
+        }
 
 
-def prune_summary(prompts: Sequence[Sequence[int]], prune: SapSettings) -> dict:
+def versus_popularity(result: dict, targets: np.ndarray, counts: np.ndarray, ks: Sequence[int],
+                      n_items: int) -> tuple[dict, dict]:
+    """The popularity ranking's metrics on the same users, and {"vs_popularity": model / popularity per metric
+    (None where popularity scores 0), "beyond_accuracy": coverage@K and popularity_percentile@K}."""
+    popularity = summarize(popularity_ranks(counts, targets, max(ks)), ks)["overall"]
+    model = result["metrics"]["overall"]
+    ratios = {key: (value / popularity[key] if popularity[key] > 0 else None)
+              for key, value in model.items() if "@" in key}
+    beyond: dict = {}
+    for k in ks:
+        beyond[f"coverage@{k}"] = coverage_at_k(result["items"], n_items, k)
+        beyond[f"popularity_percentile@{k}"] = popularity_percentile_at_k(result["items"], counts, k)
+    return popularity, {"vs_popularity": ratios, "beyond_accuracy": beyond}
+
+
+def prune_summary(prompts: Sequence[Sequence[int]], prune: StampConfig) -> dict:
     """The pruning settings and how many prompt tokens the prefill kept (exact: SAP keeps a fixed count)."""
     total = sum(len(p) for p in prompts)
     kept = sum(kept_count(len(p), prune) for p in prompts)
@@ -134,34 +171,25 @@ def prune_summary(prompts: Sequence[Sequence[int]], prune: SapSettings) -> dict:
             "prompt_tokens": total, "kept_tokens": kept, "kept_fraction": kept / total if total else 1.0}
 
 
-def _load_model(model_dir: Path, device: torch.device, dtype: torch.dtype, vocab_bound: int) -> torch.nn.Module:
-    if not (Path(model_dir) / "config.json").is_file():
-        raise ArtifactError(f"{model_dir} holds no HF model (config.json missing); rerun the step that trains it")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot load the model in {model_dir} ({exc}); rerun the step that wrote it") from None
-    n_logits = model.config.vocab_size
-    if n_logits < vocab_bound:
-        raise ArtifactError(
-            f"the model in {model_dir} has {n_logits} tokens but sid_vocab.json uses ids up to {vocab_bound - 1}; "
-            "the model and sid_vocab.json come from different runs: rerun gencli init-vocab"
-        )
-    return model.to(device).eval()
-
-
 def run(
     cfg: EvalConfig,
     model_dir: Path,
     vocab: SidVocab,
     item_codes: np.ndarray,
+    item_ids: Sequence[str],
     split: pl.DataFrame,
     target_buckets: np.ndarray | None,
     cohort_mask: np.ndarray | None,
     out_dir: Path,
     progress: Progress = SILENT,
+    train_counts: np.ndarray | None = None,
 ) -> dict:
     """Evaluate the model in ``model_dir`` on ``split``; writes PREDICTIONS and METRICS_JSON into ``out_dir``.
+
+    With ``train_counts`` (training-target count per item) the metrics also hold the popularity ranking's on the
+    same users, the model/popularity ratios, item coverage@K and the mean popularity percentile of the top K.
+
+    ``item_ids[item_idx]`` are the catalog's ids, written next to the indices in PREDICTIONS.
 
     ``target_buckets[item]`` labels each item (head/torso/tail) for per-bucket metrics;
     ``cohort_mask`` (one bool per split row) restricts cold-eval to a cohort. Returns the
@@ -170,45 +198,49 @@ def run(
     """
     split_name = artifacts.TEST if cfg.split == "test" else artifacts.VALID
     item_tokens = item_token_ids(item_codes, vocab)
-    _check_split(split, len(item_tokens), split_name)
-    rows, cohort_size = _select_users(split.height, cohort_mask, cfg.max_users, cfg.seed, cfg.cold_max_train_count)
-    users = split[rows]
-    user_idx = users["user_idx"].to_numpy()
-    targets = users["target"].to_numpy().astype(np.int64)
-    prompts = build_prompts(users["history"].to_list(), user_idx, item_tokens, cfg.max_history, vocab.bos_id)
-
-    trie = SidTrie(item_tokens)
+    evaluator = Evaluator(split, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.max_users,
+                          seed=cfg.seed, cohort_mask=cohort_mask, cold_max_train_count=cfg.cold_max_train_count,
+                          name=split_name)
+    user_idx, targets, trie = evaluator.user_idx, evaluator.targets, evaluator.trie
     device = resolve_device(cfg.device)
-    model = _load_model(model_dir, device, resolve_dtype(cfg.dtype, device), trie.vocab_bound)
+    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device), min_vocab=trie.vocab_bound)
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
-    prune = None
-    if cfg.prune:  # --prune-layer 0 (auto) resolved for this model, so metrics.json names the layer used
-        layer = check_layer(model, cfg.prune_layer, "--prune-layer")
-        prune = SapSettings(layer, cfg.prune_keep_ratio, cfg.prune_window, cfg.prune_score)
-    result = evaluate_model(model, prompts, targets, trie, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
-                            softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
+    stamp = resolve(model, cfg.stamp)  # layer 0 (auto) resolved for this model: metrics.json names the layer used
+    prune = stamp if stamp.sap else None
+    result = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
+                       softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ids = np.asarray(item_ids, dtype=object)
     pl.DataFrame(
         {
             "user_idx": pl.Series(user_idx, dtype=pl.Int32),
             "target": pl.Series(targets, dtype=pl.Int32),
+            "target_id": pl.Series(ids[targets].tolist(), dtype=pl.String),
             "items": pl.Series(result["items"].tolist(), dtype=pl.List(pl.Int64)),
+            "item_ids": pl.Series([[ids[i] if i >= 0 else None for i in row] for row in result["items"]],
+                                  dtype=pl.List(pl.String)),
             "scores": pl.Series(result["scores"].tolist(), dtype=pl.List(pl.Float32)),
             "rank": pl.Series(result["ranks"], dtype=pl.Int32),
         }
+    ).with_columns(  # the split's user ids when it has them (ingest's splits always do)
+        evaluator.users.select(pl.col("user_id").cast(pl.String)) if "user_id" in evaluator.users.columns else []
     ).write_parquet(out_dir / artifacts.PREDICTIONS)
+    if train_counts is not None:
+        result["metrics"]["popularity_baseline"], extra = versus_popularity(result, targets, train_counts, cfg.k,
+                                                                           len(item_tokens))
     summary = {
         "split": cfg.split,
         "beams": cfg.beams,
         "k": list(cfg.k),
-        "users": int(len(rows)),
-        "cohort_size": cohort_size,
+        "users": int(len(user_idx)),
+        "cohort_size": evaluator.cohort_size,
         "unreachable_items": trie.n_duplicates,
         "metrics": result["metrics"],
+        **(extra if train_counts is not None else {}),
     }
     if prune is not None:  # absent when off, so unpruned metrics.json stays as before
-        summary["prune"] = prune_summary(prompts, prune)
+        summary["prune"] = prune_summary(evaluator.prompts, prune)
     (out_dir / artifacts.METRICS_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return {**summary, "decode_seconds": result["decode_seconds"], "users_per_s": result["users_per_s"]}

@@ -64,3 +64,35 @@ def summarize(ranks: np.ndarray, ks: tuple[int, ...] | list[int], groups: np.nda
         for label in ordered:
             summary[label] = _block(ranks[groups == label], ks)
     return summary
+
+
+def popularity_order(counts: np.ndarray) -> np.ndarray:
+    """Item indices by training-target count, most frequent first (ties: lower item index first)."""
+    counts = np.asarray(counts)
+    return np.lexsort((np.arange(counts.size), -counts))
+
+
+def popularity_ranks(counts: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """1-based rank of each target in the popularity ranking's top ``k`` (0 = not in it): the baseline every user
+    gets the same list from (seen items are not skipped, as in gencli eval)."""
+    top = popularity_order(counts)[:k]
+    return rank_of_target(np.broadcast_to(top, (len(targets), top.size)), np.asarray(targets))
+
+
+def coverage_at_k(items: np.ndarray, n_items: int, k: int) -> float:
+    """Share of the catalog that appears in at least one user's top ``k``."""
+    top = np.asarray(items)[:, :k]
+    return float(np.unique(top[top >= 0]).size / n_items) if n_items else 0.0
+
+
+def popularity_percentile_at_k(items: np.ndarray, counts: np.ndarray, k: int) -> float:
+    """Mean popularity percentile (0 = least, 100 = most trained-on item) of the items users get in their top ``k``:
+    how far the recommendations lean towards popular items."""
+    counts = np.asarray(counts)
+    if counts.size < 2:
+        return 100.0
+    percentile = np.empty(counts.size)
+    percentile[popularity_order(counts)[::-1]] = np.arange(counts.size) * 100.0 / (counts.size - 1)
+    top = np.asarray(items)[:, :k]
+    top = top[top >= 0]
+    return float(percentile[top].mean()) if top.size else 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -33,7 +35,7 @@ class SidTrie:
         # child_start[t][p]..child_start[t][p+1]: depth t+1 node ids that are children of depth-t node p.
         # node_token[t] / node_key[t]: token and (parent * vocab_bound + token) of the depth t+1 nodes
         # (keys are strictly increasing, so a (parent, token) pair is found with searchsorted).
-        child_start, node_token, node_key = [], [], []
+        child_start, node_token, node_key, row_nodes = [], [], [], []
         parent_of_row = np.zeros(n, dtype=np.int64)
         for t in range(1, depth + 1):
             is_new = np.concatenate([[True], first_diff < t])
@@ -44,9 +46,19 @@ class SidTrie:
             child_start.append(np.searchsorted(parent, np.arange(parent[-1] + 2)))
             node_token.append(token)
             node_key.append(parent * self.vocab_bound + token)
+            row_nodes.append(node_of_row)
             parent_of_row = node_of_row
         self.leaf_item = order[first_rows]
         self.n_duplicates = n - len(first_rows)
+        # for seen-item exclusion: each leaf's node at depths 1..D, each item's leaf, and how many
+        # leaves (decodable items) sit under every node (leaf_count[t][node], depth t+1 nodes)
+        self._leaf_path = np.stack([nodes[first_rows] for nodes in row_nodes], axis=1)
+        self._item_leaf = np.empty(n, dtype=np.int64)
+        self._item_leaf[order] = row_nodes[-1]
+        counts = [np.ones(len(first_rows), dtype=np.int64)]
+        for cs in reversed(child_start[1:]):
+            counts.insert(0, np.add.reduceat(counts[0], cs[:-1]))
+        self._leaf_count = counts
         self.max_children = [int(np.diff(cs).max()) for cs in child_start]
         self._child_start = [torch.from_numpy(a) for a in child_start]
         self._node_token = [torch.from_numpy(a) for a in node_token]
@@ -108,3 +120,30 @@ class SidTrie:
     def item_of_leaf(self, leaves: torch.Tensor) -> torch.Tensor:
         """Item index of depth-D nodes."""
         return self._leaf_item[leaves]
+
+    def dead_keys(self, banned: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per depth 1..D, the sorted keys ``user * n_nodes(depth) + node`` of the nodes whose every item is banned.
+
+        ``banned[u]`` lists item indices user u must not get. A banned item bans its leaf only when the
+        leaf decodes to it (a duplicate SID's leaf belongs to the lower item index). Beam search drops
+        dead nodes, so it keeps min(beams, live items) beams and never returns a banned item.
+        """
+        lengths = [len(b) for b in banned]
+        if not sum(lengths):
+            return [torch.zeros(0, dtype=torch.int64) for _ in range(self.depth)]
+        items = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1) for b in banned])
+        users = np.repeat(np.arange(len(banned), dtype=np.int64), lengths)
+        bad = items[(items < 0) | (items >= self.n_items)]
+        if bad.size:
+            raise ValueError(f"banned item indices {bad[:5].tolist()} are outside the catalog of {self.n_items} items")
+        leaves = self._item_leaf[items]
+        own = self.leaf_item[leaves] == items
+        n_leaves = len(self.leaf_item)
+        pairs = np.unique(users[own] * n_leaves + leaves[own])  # distinct (user, leaf)
+        users, leaves = pairs // n_leaves, pairs % n_leaves
+        out = []
+        for t in range(self.depth):
+            n_nodes = self.n_nodes(t + 1)
+            keys, hits = np.unique(users * n_nodes + self._leaf_path[leaves, t], return_counts=True)
+            out.append(torch.from_numpy(keys[hits == self._leaf_count[t][keys % n_nodes]]))
+        return out

@@ -166,10 +166,12 @@ def save_model(model, tokenizer, out_dir: Path) -> None:
         tokenizer.save_pretrained(out_dir)
 
 
-def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32):
-    """Load ``(model, tokenizer)`` from an HF folder, in eval mode on ``device`` in ``dtype``.
+def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32,
+               min_vocab: int = 0):
+    """Load ``(model, tokenizer)`` from an HF folder, in eval mode on ``device`` in ``dtype``: the one model loader.
 
-    A missing, half-written or corrupt folder raises :class:`ArtifactError` naming it.
+    A missing, half-written or corrupt folder, or a model with fewer than ``min_vocab`` logits (its SID
+    tokens come from another run), raises :class:`ArtifactError` naming it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,6 +188,11 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     except Exception as exc:  # transformers raises OSError/ValueError/safetensors errors alike
         raise ArtifactError(f"cannot load the model folder {path}: {type(exc).__name__}: {exc}; it is corrupt or "
                             "half-written, rerun the step that wrote it (e.g. gencli init-vocab --force)") from exc
+    if model.config.vocab_size < min_vocab:
+        raise ArtifactError(
+            f"the model in {path} has {model.config.vocab_size} tokens but sid_vocab.json uses ids up to "
+            f"{min_vocab - 1}; the model and sid_vocab.json come from different runs: rerun gencli init-vocab"
+        )
     model.to(device)
     model.eval()
     return model, tokenizer

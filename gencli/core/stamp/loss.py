@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss, decoder_of
-from gencli.core.stamp.sap import SapSettings, pruned_forward
+from gencli.core.stamp.sap import pruned_forward
 
 
 def next_targets(targets: torch.Tensor) -> torch.Tensor:
@@ -23,17 +24,16 @@ class StampLoss:
     ``rows`` restricts the softmax to those vocabulary rows (sid_softmax), for both losses.
     """
 
-    def __init__(self, rows: Sequence[int] | None = None, sap: SapSettings | None = None, mtp: bool = False,
-                 mtp_lambda: float = 0.3, mtp_weight: float = 0.1):
+    def __init__(self, stamp: StampConfig, rows: Sequence[int] | None = None):
         self.token_loss = TokenLoss(rows)
-        self.sap, self.mtp, self.mtp_lambda, self.mtp_weight = sap, mtp, mtp_lambda, mtp_weight
+        self.stamp = stamp  # its layer resolved for the model (gencli.core.stamp.sap.resolve)
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         decoder = decoder_of(model)
         targets = batch["targets"]
         following = next_targets(targets)
-        if self.sap is not None:
-            pruned = pruned_forward(model, batch["input_ids"], batch["attention_mask"], targets, self.sap)
+        if self.stamp.sap:
+            pruned = pruned_forward(model, batch["input_ids"], batch["attention_mask"], targets, self.stamp)
             hidden = pruned.hidden
             targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
             following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
@@ -42,9 +42,10 @@ class StampLoss:
             hidden = out.last_hidden_state
         keep = targets != IGNORE_INDEX
         loss = self.token_loss.cross_entropy(model, hidden[keep], targets[keep])
-        if self.mtp:
+        if self.stamp.map:
             both = keep & (following != IGNORE_INDEX)
             future = decoder.norm(decoder.embed_tokens(targets[both]))
-            foresight = (1.0 - self.mtp_lambda) * hidden[both] + self.mtp_lambda * future
-            loss = loss + self.mtp_weight * self.token_loss.cross_entropy(model, foresight, following[both])
+            lam = self.stamp.mtp_lambda
+            foresight = (1.0 - lam) * hidden[both] + lam * future
+            loss = loss + self.stamp.mtp_weight * self.token_loss.cross_entropy(model, foresight, following[both])
         return loss

@@ -6,11 +6,12 @@ import math
 
 import torch
 
+from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX
-from gencli.core.stamp.sap import SapSettings, protected_positions, score_tokens, select_tokens
+from gencli.core.stamp.sap import protected_positions, score_tokens, select_tokens
 
 
-def kept_count(n_tokens: int, settings: SapSettings) -> int:
+def kept_count(n_tokens: int, settings: StampConfig) -> int:
     """Tokens a prompt of ``n_tokens`` keeps under ``settings``: min(N, max(floor(alpha * N), P)) where
     P = min(N, W + 1) protected tokens (the last W and the first) once N > W, else N."""
     protected = n_tokens if n_tokens <= settings.recent_window else settings.recent_window + 1
@@ -18,7 +19,7 @@ def kept_count(n_tokens: int, settings: SapSettings) -> int:
 
 
 def prune_prompts(
-    model: torch.nn.Module, prompts: list[list[int]], settings: SapSettings, device: torch.device
+    model: torch.nn.Module, prompts: list[list[int]], settings: StampConfig, device: torch.device
 ) -> tuple[list[list[int]], list[list[int]]]:
     """SAP on a batch of prompts: (kept token ids, their original positions) per prompt, in prompt order.
 

@@ -6,7 +6,7 @@ decoder, and recovers accuracy with an auxiliary next-next-token objective. Both
 loss function for :func:`gencli.core.train.loop.fit` (see :func:`gencli.core.train.loop.make_loss`);
 the Hugging Face modules are driven layer by layer, never copied.
 
-SAP (``cfg.sap``): the first ``L = cfg.stamp_layer`` decoder layers see every token (0, the default,
+SAP (``StampConfig.sap``): the first ``L = StampConfig.layer`` decoder layers see every token (0, the default,
 means a quarter of the model's layers rounded up, at least 2: :func:`resolve_layer`). From
 layer L's output hidden states ``h`` and layer L's attention probabilities ``A[h, j, i]``
 each real (non-padding) token ``i`` of a sequence gets
@@ -21,28 +21,23 @@ the scale of the layer and the product does not let one factor dominate by magni
 Padding never counts: it sends no query mass, gets score -inf and is never kept.
 
 Each sequence of N real tokens keeps ``max(floor(keep_ratio * N), P)`` tokens (at most N):
-the protected ones (P of them: the first position, the last ``cfg.recent_window`` positions
+the protected ones (P of them: the first position, the last ``recent_window`` positions
 and every position that carries a loss target, since a pruned position could not be scored)
 and then the highest importances. The first position is the BOS token our prompts start
 with: a pretrained LM parks most attention there (the "attention sink"), and dropping it
-wrecks every later layer (bench/sap_fidelity.py: on smollm2-135m, recency selection moves
-the target distribution by KL 5.5 nats without it and 0.8 with it). The paper's importance
-keeps it anyway (its norm and attention are the largest), so for the default this changes
-nothing.
+wrecks every later layer. The paper's importance keeps it anyway (its norm and attention are
+the largest); the other rankings need the protection.
 
-Why a quarter of the depth and not the paper's shallow L: on smollm2-135m (30 layers), pruning after
-layer 2 cost half of Recall@5 after 300 sft steps with every ranking rule and keep ratio we tried, while
-pruning after layer 8 (the same keep ratio 0.5) with the recency ranking lost 17% alone and matched base
-with MAP (STAMP, +4.3% and +6.1% at two seeds on 1,600 users; with importance SAP still lost 69%); the layers before L are the only
-ones where the dropped tokens still inform the kept ones (docs/benchmarks.md). Compute falls to
-L/n + (1 - L/n) x alpha of base's layer FLOPs: 63% at L = 8 of 30, alpha 0.5.
+Why a quarter of the depth and not the paper's shallow L: the layers before L are the only ones where
+the dropped tokens still inform the kept ones, and on a pretrained backbone pruning after layer 2 loses
+recall that pruning after a quarter of the layers keeps (docs/benchmarks.md, STAMP). Compute falls to
+L/n + (1 - L/n) x alpha of base's layer FLOPs.
 
-``cfg.sap_score`` chooses the ranking: ``recency`` (the default: newest first; no attention matrix is
+``StampConfig.score`` chooses the ranking: ``recency`` (the default: newest first; no attention matrix is
 recomputed), ``importance`` (above, the paper's) or ``attention`` (S_attn alone, as in heavy-hitter
-KV-cache eviction). On a pretrained backbone the S_sem factor ranks tokens worse than chance
-(high-norm tokens at layer 2 are not the informative ones), and importance-trained smollm2 lost 69-73%
-of Recall@5 at L = 2 and at L = 8 where recency lost 54% and 17% (docs/benchmarks.md); on the untrained
-tiny preset the three rules are within noise of each other.
+KV-cache eviction). Recency is the default because on a pretrained backbone the S_sem factor ranks
+tokens worse than chance (high-norm hidden states are not the informative tokens), and importance
+training lost recall that recency kept (docs/benchmarks.md; research/stamp/NOTES.md).
 
 Kept indices are sorted (order preserved), hidden states gathered, and the remaining layers see the original position ids (RoPE) and a causal + padding mask
 rebuilt over the kept tokens (sorted positions make "causal in kept order" equal to "causal
@@ -57,7 +52,7 @@ projections: ``softmax(Q K^T * scaling + mask)`` after its input norm, its q/k n
 and RoPE. Every layer keeps its fast attention kernel (sdpa); only this one score matrix is
 materialised.
 
-MAP (``cfg.map``): at every position ``t`` whose target ``y_{t+1}`` and the following target
+MAP (``StampConfig.map``): at every position ``t`` whose target ``y_{t+1}`` and the following target
 ``y_{t+2}`` are both labelled, a foresight state
 
     h_mtp_t = (1 - lambda) * h_t + lambda * RMSNorm_final(E(y_{t+1}))
@@ -68,35 +63,22 @@ new parameters) maps it to logits for ``y_{t+2}``. Why this form: the head only 
 outputs of the final RMSNorm, so putting the embedding through that norm puts both terms on
 the head's input scale (raw embedding rows are ~50x smaller than normed states), and the
 convex combination keeps the result there; ``lambda`` (default 0.3, the paper's) says how
-much of the "future" token is mixed in. Loss = main CE + ``mtp_weight`` (default 0.1; 0.5 cost
-Recall@5 on the tiny preset, see docs/benchmarks.md) * auxiliary CE, both
+much of the "future" token is mixed in. Loss = main CE + ``mtp_weight`` (default 0.1) * auxiliary CE, both
 summed over their positions (the engine divides by the number of main targets). Inference
 does not change: MAP is a training-only loss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
+from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX, decoder_of
 from gencli.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class SapSettings:
-    """Where and how much SAP prunes."""
-
-    layer: int = 0
-    """Decoder layers that see every token; scores come from the last of them (1-based; 0 = :func:`resolve_layer`)."""
-    keep_ratio: float = 0.5
-    """Fraction alpha of each sequence's real tokens kept: floor(alpha * N)."""
-    recent_window: int = 16
-    """The last W positions of each sequence are always kept (target + prompt suffix)."""
-    score: str = "recency"
-    """How tokens are ranked: recency (newest first), importance (S_sem x S_attn, the paper's) or attention (S_attn only)."""
 
 
 @dataclass
@@ -123,16 +105,20 @@ def resolve_layer(layer: int, n_layers: int) -> int:
     return max(1, min(n_layers - 1, max(2, math.ceil(n_layers / 4))))
 
 
-def _check_layers(decoder: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> int:
-    """The resolved layer; ConfigError naming ``option`` when it leaves no layer to prune."""
+def resolve(model: torch.nn.Module, stamp: StampConfig) -> StampConfig:
+    """``stamp`` with its layer resolved for ``model`` (:func:`resolve_layer`), once per run and before any
+    work; ConfigError unless SAP is off or the layer is in [1, layers - 1] of a full-attention model."""
+    if not stamp.sap:
+        return stamp
+    decoder = decoder_of(model)
     n = len(decoder.layers)
-    layer = resolve_layer(layer, n)
+    layer = resolve_layer(stamp.layer, n)
     if not 1 <= layer < n:
-        raise ConfigError("stamp", [f"{option} must be in [1, {n - 1}] for this {n}-layer model (got {layer})"])
+        raise ConfigError("stamp", [f"--stamp-layer must be in [1, {n - 1}] for this {n}-layer model (got {layer})"])
     types = getattr(decoder.config, "layer_types", None) or []
     if any(t != "full_attention" for t in types):
         raise ConfigError("stamp", ["SAP supports full-attention models only (this config has sliding-window layers)"])
-    return layer
+    return dataclasses.replace(stamp, layer=layer)
 
 
 def _mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
@@ -216,12 +202,6 @@ def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_windo
     return valid & ((pos >= n_valid - recent_window) | (targets != IGNORE_INDEX) | ((pos == 0) & keep_first))
 
 
-def check_layer(model: torch.nn.Module, layer: int, option: str = "--stamp-layer") -> int:
-    """``layer`` resolved for ``model`` (:func:`resolve_layer`); ConfigError naming ``option`` unless it is in
-    [1, layers - 1] of a full-attention ``model``."""
-    return _check_layers(decoder_of(model), layer, option)
-
-
 def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int,
                 attention: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The first ``layer`` decoder layers on every token, and SAP's raw factors from the last of them.
@@ -232,7 +212,6 @@ def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     states do (training continues from them).
     """
     decoder = decoder_of(model)
-    layer = _check_layers(decoder, layer)
     valid = attention_mask.bool()
     hidden = decoder.embed_tokens(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
@@ -269,14 +248,14 @@ def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   targets: torch.Tensor | None, settings: SapSettings) -> Pruned:
+                   targets: torch.Tensor | None, settings: StampConfig) -> Pruned:
     """Run the decoder with SAP: full length up to layer ``settings.layer``, the kept tokens after it.
 
     ``attention_mask`` is the right-padded 2D mask; ``targets`` (or None) marks positions
     that must survive. Returns the final-normed hidden states of the kept tokens.
     """
     valid = attention_mask.bool()
-    layer = check_layer(model, settings.layer)
+    layer = settings.layer  # resolved once per run (:func:`resolve`)
     hidden, scores = score_tokens(model, input_ids, attention_mask, layer, settings.score)
     with torch.no_grad():
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)

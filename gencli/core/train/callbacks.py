@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ class TrainState:
     tokens_seen: int = 0
     stopped: bool = False
     """Early-stopped: a resume of this state trains no further."""
+    stop_reason: str | None = None
+    """Why training stopped before max_steps: patience or max_time."""
     best_metric: float | None = None
     best_step: int | None = None
     evals: list[dict[str, Any]] = field(default_factory=list)
@@ -68,12 +71,30 @@ class EarlyStopping:
         if self.patience > 0 and self.bad_evals >= self.patience:
             control.should_stop = True
             control.should_save = True
+            state.stop_reason = "patience"
 
     def state_dict(self) -> dict[str, Any]:
         return {"bad_evals": self.bad_evals}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.bad_evals = int(d["bad_evals"])
+
+
+class TimeLimit:
+    """Stops once ``max_time`` seconds of training have passed in this process (a cron window), validating and
+    checkpointing first, so the best model so far becomes the step's model."""
+
+    def __init__(self, max_time: float, evaluates: bool):
+        self.max_time, self.evaluates, self.start = max_time, evaluates, 0.0
+
+    def on_train_begin(self, state: TrainState, control: Control) -> None:
+        self.start = time.monotonic()
+
+    def on_step_end(self, state: TrainState, control: Control) -> None:
+        if self.max_time > 0 and time.monotonic() - self.start >= self.max_time and not control.should_stop:
+            control.should_stop = control.should_save = True
+            control.should_evaluate = control.should_evaluate or self.evaluates
+            state.stop_reason = "max_time"
 
 
 class ProgressCallback:

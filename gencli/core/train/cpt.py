@@ -33,10 +33,11 @@ from gencli.core.lm.backbone import load_model
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.stamp.sap import check_layer
+from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import ListExamples
-from gencli.core.train.callbacks import ProgressCallback
-from gencli.core.train.loop import fit, make_loss
+from gencli.core.train.callbacks import ProgressCallback, TimeLimit
+from gencli.core.train.loop import fit
+from gencli.core.train.step import make_loss
 from gencli.errors import InputError
 
 
@@ -129,7 +130,7 @@ def run(
     vocab = load_sid_vocab(vocab_path)
     item_tokens = item_token_ids(item_codes, vocab)
     model, tokenizer = load_model(model_dir, resolve_device(cfg.device), torch.float32)
-    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None  # fail before training, not at step 1
+    stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     texts = text_token_ids(tokenizer, item_texts, cfg.max_text_tokens)
     dataset = cpt_examples(item_tokens, texts, vocab.bos_id, vocab.eos_id, cfg.text_to_sid)
     if len(dataset) == 0:
@@ -142,9 +143,10 @@ def run(
         summary = fit(
             model, dataset, cfg, out_dir,
             pad_id=vocab.pad_id,
-            loss_fn=make_loss(cfg),
+            loss_fn=make_loss(stamp),
             param_groups=[{"params": params, "weight_decay": 0.0}],
-            callbacks=[ProgressCallback(progress, "cpt"), NewRowDecay(params, vocab.base_vocab_size, cfg.weight_decay)],
+            callbacks=[ProgressCallback(progress, "cpt"), NewRowDecay(params, vocab.base_vocab_size, cfg.weight_decay),
+                       *([TimeLimit(cfg.max_time, False)] if cfg.max_time > 0 else [])],
             tokenizer=tokenizer,
             progress=progress,
             resume=resume,
@@ -165,5 +167,5 @@ def run(
         "text_to_sid": cfg.text_to_sid,
         "trainable_rows": n_new * len(params),
         "tied": len(params) == 1,
-        **({"stamp_layer": sap_layer} if cfg.sap else {}),  # the layer --stamp-layer 0 resolved to
+        **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
     }

@@ -50,13 +50,12 @@ import torch
 from gencli.config import ProfileConfig, TrainConfig
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.stamp.sap import check_layer
+from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import collate, epoch_batches
-from gencli.core.train.loop import default_param_groups, forward_backward, make_loss
 from gencli.core.train.sft import SftExamples, sid_rows
+from gencli.core.train.step import default_param_groups, make_loss, train_step
 from gencli.errors import InputError
 
 PROFILE_JSON = "profile.json"
@@ -74,7 +73,7 @@ _MB = 1024 * 1024
 def variant_config(train_cfg: TrainConfig, variant: str) -> TrainConfig:
     """``train_cfg`` with SAP/MAP switched as the variant says (its other STAMP settings kept)."""
     sap, mtp = VARIANT_FLAGS[variant]
-    return dataclasses.replace(train_cfg, sap=sap, map=mtp)
+    return dataclasses.replace(train_cfg, stamp=dataclasses.replace(train_cfg.stamp, sap=sap, map=mtp))
 
 
 def _rss_bytes() -> int:
@@ -178,8 +177,8 @@ def profile_variant(
         torch.cuda.empty_cache()
     model, _ = load_model(model_dir, device, torch.float32)
     model.train()
-    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None
-    loss_fn = make_loss(cfg, rows)
+    stamp = resolve(model, cfg.stamp)
+    loss_fn = make_loss(stamp, rows)
     groups = default_param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -188,16 +187,9 @@ def profile_variant(
     clock = PhaseClock(device)
 
     def step(indices: np.ndarray) -> tuple[float, int]:
-        batch = collate(dataset, indices, pad_id)
-        n_targets = int((batch["targets"] != IGNORE_INDEX).sum())
-        loss = forward_backward(model, [batch], loss_fn, scaler, device, amp_dtype, n_targets, clock)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        clock("optimizer")
-        return loss / max(1, n_targets), int(batch["attention_mask"].sum())
+        result = train_step(model, [collate(dataset, indices, pad_id)], loss_fn, optimizer, scaler,
+                            cfg.max_grad_norm, device, amp_dtype, clock=clock)
+        return result.loss / max(1, result.n_targets), result.n_inputs
 
     for indices in batches[:warmup_steps]:
         step(indices)
@@ -239,7 +231,7 @@ def profile_variant(
         "activation_mb": round(activation / _MB, 3),
         "loss": round(float(np.mean(losses)), 4),
         "tokens": tokens,
-        **({"stamp_layer": sap_layer} if cfg.sap else {}),
+        **({"stamp_layer": stamp.layer} if stamp.sap else {}),
     }
     if detail:
         record["top_ops"] = _top_ops(lambda: step(timed[0]), device)
@@ -313,9 +305,10 @@ def run(
         "reference": reference["variant"],
         "stamp_settings": {
             # the layer --stamp-layer 0 (auto) resolved to, as SAP ran it
-            "stamp_layer": next((r["stamp_layer"] for r in results if "stamp_layer" in r), train_cfg.stamp_layer),
-            **{k: getattr(train_cfg, k) for k in ("keep_ratio", "recent_window", "sap_score", "mtp_lambda",
-                                                  "mtp_weight", "sid_softmax")},
+            "stamp_layer": next((r["stamp_layer"] for r in results if "stamp_layer" in r), train_cfg.stamp.layer),
+            **{k: getattr(train_cfg.stamp, k) for k in ("keep_ratio", "recent_window", "score", "mtp_lambda",
+                                                        "mtp_weight")},
+            "sid_softmax": train_cfg.sid_softmax,
         },
         "variants": results,
     }

@@ -21,7 +21,7 @@ and becomes ``model/``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,17 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import TrainConfig
+from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device
-from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.metrics import rank_of_target, recall_at_k
-from gencli.core.infer.trie import SidTrie
+from gencli.core.infer.evaluate import Evaluator
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import SidVocab, build_example, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
-from gencli.core.stamp.sap import SapSettings, check_layer
-from gencli.core.train.callbacks import EarlyStopping, ProgressCallback
-from gencli.core.train.loop import fit, make_loss
+from gencli.core.stamp.sap import resolve
+from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
+from gencli.core.train.loop import fit
+from gencli.core.train.step import make_loss
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
@@ -89,31 +88,23 @@ class SftExamples:
         return build_example(history, int(self.flat[end]), self.item_tokens, self.max_history, self.bos_id)
 
 
-class RecallEvaluator:
-    """Validation Recall@5 (and @10 when the beam allows) of a seeded user subsample, constrained decoding."""
+def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
+               device: torch.device, prune: StampConfig | None = None) -> Callable[[torch.nn.Module], dict[str, Any]]:
+    """sft's validation: Recall@5 (and @10, @20 when the beam allows) of a seeded subsample of ``cfg.eval_users``
+    valid users, decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as ``gencli eval``."""
+    evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.eval_users,
+                          seed=cfg.seed, name="valid split")
+    # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
+    softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
+    ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
 
-    def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
-                 device: torch.device, prune: SapSettings | None = None):
-        n = valid.height
-        picked = np.arange(n)
-        if 0 < cfg.eval_users < n:
-            picked = np.sort(np.random.default_rng(cfg.seed).choice(n, size=cfg.eval_users, replace=False))
-        rows = valid[picked.tolist()]
-        self.prompts = [build_prompt(h, item_tokens, cfg.max_history, vocab.bos_id) for h in rows["history"].to_list()]
-        self.targets = rows["target"].to_numpy().astype(np.int64)
-        self.trie = SidTrie(item_tokens)
-        self.cfg, self.device, self.prune = cfg, device, prune  # prune: decode as `eval --prune` does
-        # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
-        self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
+    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        result = evaluator(model, ks, cfg.eval_beams, cfg.batch_size, device=device, softmax_rows=softmax_rows,
+                           prune=prune)
+        return {**{f"recall@{k}": result["metrics"]["overall"][f"recall@{k}"] for k in ks},
+                "users": len(evaluator.targets)}
 
-    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
-        beams = self.cfg.eval_beams
-        items, _ = constrained_beam_search(model, self.prompts, self.trie, beams=beams, top_k=beams,
-                                           batch_size=self.cfg.batch_size, device=self.device,
-                                           softmax_rows=self.softmax_rows, prune=self.prune)
-        ranks = rank_of_target(items, self.targets)
-        metrics = {f"recall@{k}": recall_at_k(ranks, k) for k in (5, 10, 20) if k <= beams}
-        return {**metrics, "users": len(self.targets)}
+    return evaluate
 
 
 def sid_rows(vocab: SidVocab) -> list[int]:
@@ -164,16 +155,18 @@ def run(
                          "ingest with a larger --min-user-events or check the interactions file")
     device = resolve_device(cfg.device)
     model, tokenizer = load_model(model_dir, device, torch.float32)
-    sap_layer = check_layer(model, cfg.stamp_layer) if cfg.sap else None  # fail before training, not at step 1
-    evaluate = None if valid is None else RecallEvaluator(valid, item_tokens, vocab, cfg, device)
+    stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
+    evaluate = None if valid is None else validation(valid, item_tokens, vocab, cfg, device)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
         callbacks.append(EarlyStopping(cfg.patience))
+    if cfg.max_time > 0:
+        callbacks.append(TimeLimit(cfg.max_time, evaluate is not None))
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = fit(
         model, dataset, cfg, out_dir,
         pad_id=vocab.pad_id,
-        loss_fn=make_loss(cfg, sid_rows(vocab) if cfg.sid_softmax else None),
+        loss_fn=make_loss(stamp, sid_rows(vocab) if cfg.sid_softmax else None),
         evaluate=evaluate,
         metric=EVAL_METRIC,
         callbacks=callbacks,
@@ -191,7 +184,7 @@ def run(
         "samples": len(dataset),
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
-        **({"stamp_layer": sap_layer} if cfg.sap else {}),  # the layer --stamp-layer 0 resolved to
+        **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
         "final_recall@5": curve[-1][EVAL_METRIC] if curve else None,
         "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
         "peak_step": summary["best_step"],

@@ -6,7 +6,7 @@ SAP's token selection behaves. Keeping the first K layers (plus the final norm a
 gives a pretrained proxy that trains ~30/K times faster. Used for the CPU Recall@5 runs of
 ``--sap-score`` in docs/benchmarks.md:
 
-    python bench/truncate_layers.py --workdir W --layers 6 --out W6
+    python research/stamp/truncate_layers.py --workdir W --layers 6 --out W6
 
 copies W (ingest, quantize, init-vocab with the truncated model) to W6.
 """
@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.core.lm.backbone import load_model, save_model
 

@@ -18,20 +18,17 @@ towards early tokens), ``norm`` / ``attn`` (one factor each), ``recency`` (newes
 training and unpruned inference. Run on a pretrained backbone (smollm2-135m after init-vocab)
 and on the tiny preset to see why the two react differently to SAP:
 
-    GENCLI_HOME=/tmp/gencli-home python bench/sap_fidelity.py --workdir W --users 48
+    python research/stamp/sap_fidelity.py --workdir W --users 48
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.core.data import tables
 from gencli.core.lm import loss

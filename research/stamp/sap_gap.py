@@ -15,24 +15,20 @@ Run on a base model and on SAP-trained ones: a small KL for both means pruning d
 model does not use; a large KL for base only means base learned to use the pruned context and
 SAP training could not (no gradient reaches it after layer L).
 
-    python bench/sap_gap.py --workdir W --models R/recall-base-s0 R/recall-sap-recency-s0 --eval-score recency
+    python research/stamp/sap_gap.py --workdir W --models R/recall-base-s0 R/recall-sap-recency-s0 --eval-score recency
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+from sap_fidelity import kl_per_row, sid_log_probs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sap_fidelity import kl_per_row, sid_log_probs  # noqa: E402
-
-from gencli.config import TrainConfig  # noqa: E402
+from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.lm import loss
@@ -43,11 +39,11 @@ from gencli.core.sid import store
 from gencli.core.stamp import sap as stamp_sap
 from gencli.core.train import sft
 from gencli.core.train.batches import collate
-from gencli.core.train.loop import make_loss
+from gencli.core.train.step import make_loss
 
 
 @torch.no_grad()
-def pruning_kl(model, batches, settings: stamp_sap.SapSettings, rows: torch.Tensor) -> dict:
+def pruning_kl(model, batches, settings: StampConfig, rows: torch.Tensor) -> dict:
     """Mean and 90th percentile of KL(full || pruned) per target token, and the share of tokens kept."""
     decoder = loss.decoder_of(model)
     kls, kept, total = [], 0, 0
@@ -83,14 +79,11 @@ def batch_grads(model, batch: dict, loss_fn) -> dict:
     return out
 
 
-def grad_cosine(model, batch: dict, base: dict, settings: stamp_sap.SapSettings) -> dict:
+def grad_cosine(model, batch: dict, base: dict, settings: StampConfig) -> dict:
     """Cosine similarity and norm ratio (SAP / base) of one batch's loss gradients, per parameter group.
 
     ``base`` is :func:`batch_grads` of the plain loss on the same batch (computed once per model)."""
-    sap = batch_grads(model, batch, make_loss(TrainConfig(sap=True, stamp_layer=settings.layer,
-                                                          keep_ratio=settings.keep_ratio,
-                                                          recent_window=settings.recent_window,
-                                                          sap_score=settings.score)))
+    sap = batch_grads(model, batch, make_loss(settings))
     out = {}
     for group, member in GRAD_GROUPS.items():
         names = [n for n in base if member(n, settings.layer)]
@@ -122,15 +115,15 @@ def run(args) -> dict:
         entry = {"model": str(folder)}
         base_grads = batch_grads(model, batches[0], TokenLoss()) if args.grad_cosine else None
         for score in args.scores.split(","):
-            settings = stamp_sap.SapSettings(args.layer, args.keep_ratio, args.window, score)
+            settings = StampConfig(sap=True, layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window, score=score)
             entry[f"kl_{score}"] = pruning_kl(model, batches, settings, rows)
             if args.grad_cosine:  # the first batch: does SAP's update point where base's does?
                 entry[f"grad_{score}"] = grad_cosine(model, batches[0], base_grads, settings)
         if args.eval_score:
-            settings = stamp_sap.SapSettings(args.layer, args.keep_ratio, args.window, args.eval_score)
+            settings = StampConfig(sap=True, layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window, score=args.eval_score)
             with torch.no_grad():
                 entry["recall@5_full"], entry["recall@5_pruned"] = (
-                    sft.RecallEvaluator(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]
+                    sft.validation(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]
                     for prune in (None, settings))
         print(entry, flush=True)
         result["models"].append(entry)

@@ -4,7 +4,7 @@ For each run folder (an sft output with ``model/``) it prints ||W_run - W_start|
 parameters, and the cosine between two runs' moves (W_a - W_start) . (W_b - W_start). Used in
 docs/benchmarks.md to compare plain sft with SAP runs on smollm2-135m:
 
-    python bench/sap_weights.py --start W/init-vocab/model --runs R/recall-base-s0 R/recall-sap-recency-s0 ...
+    python research/stamp/sap_weights.py --start W/init-vocab/model --runs R/recall-base-s0 R/recall-sap-recency-s0 ...
 
 The first run is the reference of the cosine column. Reads safetensors on the CPU, no training.
 """

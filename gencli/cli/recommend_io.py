@@ -1,0 +1,268 @@
+"""What ``gencli recommend`` reads and writes: workdir histories, ad-hoc queries, output files, the printed lists."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gencli.errors import InputError
+
+MAX_LISTED = 10
+
+
+def workdir_recommender(ws, cfg, model_step: str):
+    """A Recommender over the workdir's model step, quantize SIDs and ingest items (titles)."""
+    from gencli.cli.inputs import item_codes, model_artifacts, trained_history
+    from gencli.core.data import tables
+    from gencli.core.device import resolve_device, resolve_dtype
+    from gencli.core.infer.recommend import Recommender
+    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.prompt import load_sid_vocab
+
+    model_dir, vocab_path = model_artifacts(ws, model_step, "recommend")
+    codes, _ = item_codes(ws, "recommend")
+    items = tables.load_items(ws.input_dir("ingest", "recommend"))
+    device = resolve_device(cfg.device)
+    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device))
+    return Recommender(model, load_sid_vocab(vocab_path), items["item_id"].cast(pl.String).to_list(),
+                       items["title"].cast(pl.String).to_list(), codes,
+                       max_history=cfg.max_history or trained_history(ws, model_step), beams=cfg.beams,
+                       batch_size=cfg.batch_size)
+
+
+def workdir_histories(ws) -> tuple[list[str], list[list[int]]]:
+    """Every user's full history (all kept events, train + valid + test, in time order), in user_idx order."""
+    from gencli.core.data import tables
+
+    events = tables.load_interactions(ws.input_dir("ingest", "recommend"))
+    per_user = events.group_by("user_idx", maintain_order=True).agg(pl.col("user_id").first(), pl.col("item_idx"))
+    per_user = per_user.sort("user_idx")
+    return per_user["user_id"].cast(pl.String).to_list(), [list(h) for h in per_user["item_idx"].to_list()]
+
+
+def long_frame(rec, user_ids: list, ranked) -> pl.DataFrame:
+    """user_id, rank (1 = best), item_id, score, title: one row per recommended item."""
+    rows: dict[str, list] = {"user_id": [], "rank": [], "item_id": [], "score": [], "title": []}
+    for user, items, scores in zip(user_ids, ranked.items, ranked.scores, strict=True):
+        for rank, item in enumerate(rec.to_recommendations(items, scores), start=1):
+            rows["user_id"].append(user)
+            rows["rank"].append(rank)
+            rows["item_id"].append(item.item_id)
+            rows["score"].append(item.score)
+            rows["title"].append(item.title)
+    return pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String,
+                                      "score": pl.Float32, "title": pl.String})
+
+
+def read_queries(stream, have_workdir_users: bool) -> list[tuple[Any, list[str] | None]]:
+    """JSON Lines {"user_id": ..., "history": [item ids]} -> [(user_id, history or None)]; every bad line listed."""
+    queries, problems = [], []
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"line {number}: not JSON ({exc.msg})")
+            continue
+        if not isinstance(obj, dict):
+            problems.append(f"line {number}: expected an object like {{\"user_id\": \"u1\", \"history\": [\"i1\"]}}")
+            continue
+        history = obj.get("history")
+        if history is None and not (have_workdir_users and obj.get("user_id") is not None):
+            problems.append(f"line {number}: no \"history\" list" +
+                            ("" if have_workdir_users else " (a bundle knows no users, so every line needs one)"))
+            continue
+        if history is not None and not (isinstance(history, list) and
+                                        all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in history)):
+            problems.append(f"line {number}: \"history\" must be a list of item ids (strings)")
+            continue
+        queries.append((obj.get("user_id"), None if history is None else [str(i) for i in history]))
+    if problems:
+        shown = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED])
+        more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        raise InputError(f"--stdin: {len(problems)} bad line(s):\n{shown}{more}")
+    return queries
+
+
+def _user_ids_from_file(path: Path) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"--user-file {path} does not exist; check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--user-file {path} cannot be read as text ({exc}); give one user id per line") from None
+    ids = [line.strip() for line in text.splitlines() if line.strip()]
+    if not ids:
+        raise InputError(f"--user-file {path} holds no user ids; give one per line")
+    return ids
+
+
+def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, json_mode) -> None:
+    """Answer a query without recording a step: resolve the histories, decode, write or print."""
+    from gencli.cli.common import apply_threads, open_workspace, quiet_libraries
+    from gencli.ui.progress import make_progress
+
+    quiet_libraries()
+    if output is not None and output != "-" and Path(output).suffix.lower() not in (".parquet", ".csv", ".jsonl"):
+        raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
+    ws = None
+    if bundle is None:
+        ws = open_workspace(workdir)
+        if not (ws.root / "manifest.json").exists():
+            raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
+                             "or point --workdir (or --bundle) at a trained model")
+    # parse the cheap inputs before loading a model
+    queries: list[tuple[Any, list[str] | None]]
+    if from_stdin:
+        queries = read_queries(sys.stdin, ws is not None)
+    elif history is not None:
+        queries = [(None, [i.strip() for i in history.split(",") if i.strip()])]
+    else:
+        wanted = [*users, *(_user_ids_from_file(user_file) if user_file else [])]
+        queries = [(u, None) for u in wanted] if wanted else None
+    apply_threads()
+    if ws is not None:
+        from gencli.cli.inputs import pick_model_step
+
+        rec = workdir_recommender(ws, cfg, pick_model_step(ws, cfg.model_step, "recommend"))
+        user_ids, known = workdir_histories(ws)
+        by_user = dict(zip(user_ids, known, strict=True))
+        if queries is None:  # every user (--output without a selector)
+            queries = [(u, None) for u in user_ids]
+    else:
+        from gencli.core.infer.recommend import Recommender
+
+        rec = Recommender.load(bundle, cfg.device, cfg.dtype)
+        rec.batch_size = cfg.batch_size
+        if cfg.max_history:
+            rec.max_history = cfg.max_history
+        by_user = {}
+    missing = [str(u) for u, h in queries if h is None and str(u) not in by_user]
+    if missing:
+        raise InputError(f"{len(missing)} user id(s) are not in the workdir: {', '.join(missing[:MAX_LISTED])}"
+                         " (for a new user pass --history, or a \"history\" in --stdin)")
+    histories, skipped = [], []
+    for user, ids in queries:
+        if ids is None:
+            histories.append(by_user[str(user)])
+            skipped.append([])
+        else:
+            idx, unknown = rec.resolve(ids)
+            histories.append(idx)
+            skipped.append(unknown)
+    unknown_all = sorted({u for s in skipped for u in s})
+    if unknown_all and cfg.strict:
+        raise InputError(f"--strict: {len(unknown_all)} history item id(s) are not in the catalog: "
+                         f"{', '.join(unknown_all[:MAX_LISTED])}")
+    ranked = rec.rank(histories, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
+                      prune=cfg.stamp if cfg.stamp.sap else None, progress=make_progress(json_mode))
+    user_ids = [None if u is None else str(u) for u, _ in queries]
+    answers = [{"user_id": u, "items": [r._asdict() for r in rec.to_recommendations(items, scores)],
+                "skipped": s} for u, items, scores, s in zip(user_ids, ranked.items, ranked.scores, skipped, strict=True)]
+    if unknown_all:
+        _warn(f"skipped {sum(map(len, skipped))} history item id(s) not in the catalog "
+              f"({', '.join(unknown_all[:MAX_LISTED])}); --strict makes this an error")
+    if output == "-":
+        for answer in answers:
+            sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+        return
+    if output is not None:
+        _write(Path(output), answers, long_frame(rec, user_ids, ranked))
+    _report(answers, output, rec, histories, json_mode)
+
+
+def _write(path: Path, answers: list[dict], frame: pl.DataFrame) -> None:
+    """The file by extension, written to a temporary sibling and renamed (no half-written file on failure)."""
+    if path.is_dir():
+        raise InputError(f"--output {path} is a folder; give a file name ending in .parquet, .csv or .jsonl")
+    if not path.parent.exists():
+        raise InputError(f"--output {path}: folder {path.parent} does not exist")
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            frame.write_parquet(tmp)
+        elif suffix == ".csv":
+            frame.write_csv(tmp)
+        else:
+            tmp.write_text("".join(json.dumps(a) + "\n" for a in answers), encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _warn(message: str) -> None:
+    from rich.markup import escape
+
+    from gencli.ui.output import console
+
+    console(stderr=True).print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)
+
+
+def _report(answers: list[dict], output, rec, histories: list[list[int]], json_mode: bool) -> None:
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        payload: dict[str, Any] = {"status": "done", "users": len(answers),
+                                   "skipped_ids": sum(len(a["skipped"]) for a in answers)}
+        if output is not None:
+            payload["output"] = str(output)
+        else:
+            payload["recommendations"] = answers
+        emit_json(payload)
+        return
+    from gencli.ui.output import console
+
+    c = console()
+    if output is not None:
+        c.print(f"[green]✓[/green] recommendations for {len(answers)} user(s) → {output}")
+        return
+    for answer, history in zip(answers, histories, strict=True):
+        print_user(c, answer["user_id"], [rec.titles[i] for i in history], answer["items"])
+
+
+def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5) -> None:
+    """One user's recent history and top items, as a small rich table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    shown = history_titles[-last:]
+    more = len(history_titles) - len(shown)
+    who = f"user {user_id}" if user_id is not None else "ad-hoc history"
+    recent = "; ".join(escape(t) for t in shown) or "(empty: the model's unconditional top items)"
+    c.print(f"\n[bold]{escape(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
+            soft_wrap=True)
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("#", justify="right")
+    table.add_column("item_id", no_wrap=True)
+    table.add_column("title")
+    table.add_column("score", justify="right")
+    for rank, item in enumerate(items, start=1):
+        table.add_row(str(rank), escape(item["item_id"]), escape(item["title"]), f"{item['score']:.3f}")
+    c.print(table)
+
+
+def show_examples(ws, n_users: int = 3, top: int = 5) -> None:
+    """After `gencli run`: a few users' recent history and their top items, so a newcomer sees the output."""
+    from gencli.core.data import tables
+    from gencli.ui.output import console
+
+    frame = pl.read_parquet(ws.step_dir("recommend") / "recommendations.parquet")
+    ingest = ws.input_dir("ingest", "run")
+    titles = tables.load_items(ingest)["title"].cast(pl.String).to_list()
+    user_ids, histories = workdir_histories(ws)
+    c = console()
+    c.print(f"\n[bold]recommendations[/bold] (top {top} of {len(user_ids)} users; all in "
+            f"{ws.step_dir('recommend') / 'recommendations.parquet'})")
+    picks = np.linspace(0, len(user_ids) - 1, num=min(n_users, len(user_ids))).astype(int).tolist()
+    for i in dict.fromkeys(picks):
+        rows = frame.filter((pl.col("user_id") == user_ids[i]) & (pl.col("rank") <= top)).sort("rank")
+        print_user(c, user_ids[i], [titles[j] for j in histories[i]], rows.select("item_id", "title", "score").to_dicts())

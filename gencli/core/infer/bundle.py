@@ -1,0 +1,190 @@
+"""The export bundle: one self-contained folder that answers recommendations with no workdir.
+
+Layout (docs/formats.md)::
+
+    BUNDLE/
+      gencli.json      format_version, gencli version, source step digests, metrics, decode defaults,
+                       and the size of every file (a truncated copy is caught at load)
+      items.parquet    item_id, title, sid (token names, readable), codes (list[int32], one per level incl. dedup)
+      sid_vocab.json   the SID token ids of the model (as in a model step's folder)
+      model/           plain HF causal LM + tokenizer (AutoModelForCausalLM.from_pretrained works on it)
+
+Nothing in it names the source workdir. A reader refuses a newer format_version with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gencli.core import artifacts
+from gencli.errors import ArtifactError, InputError
+
+FORMAT_VERSION = 1
+BUNDLE_JSON = "gencli.json"
+ITEMS = "items.parquet"
+MODEL = "model"
+ITEM_COLUMNS = ("item_id", "title", "codes")
+
+
+def write_bundle(
+    out_dir: Path, model_dir: Path, vocab_path: Path, item_ids: list[str], titles: list[str], codes: np.ndarray,
+    meta: dict[str, Any], force: bool = False,
+) -> dict[str, Any]:
+    """Write the bundle into ``out_dir`` atomically (a hidden sibling folder renamed at the end); returns gencli.json.
+
+    ``meta`` holds source/metrics/decode (see :func:`gencli.cli.export`). An existing non-empty ``out_dir`` is an
+    InputError unless ``force``, then it is replaced only once the new bundle is complete.
+    """
+    from gencli import __version__
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir} is a file; give a folder path for the bundle")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
+    codes = np.asarray(codes, dtype=np.int64)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        staging.mkdir(parents=True)
+        shutil.copytree(model_dir, staging / MODEL)
+        shutil.copyfile(vocab_path, staging / artifacts.SID_VOCAB)
+        names = [[artifacts.sid_token(level, int(c)) for level, c in enumerate(row)] for row in codes.tolist()]
+        pl.DataFrame({
+            "item_id": pl.Series(item_ids, dtype=pl.String),
+            "title": pl.Series(titles, dtype=pl.String),
+            "sid": pl.Series(["".join(n) for n in names], dtype=pl.String),
+            "codes": pl.Series(np.ascontiguousarray(codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
+        }).write_parquet(staging / ITEMS)
+        files = {p.relative_to(staging).as_posix(): p.stat().st_size
+                 for p in sorted(staging.rglob("*")) if p.is_file()}
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "gencli_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "items": len(item_ids),
+            **meta,
+            "files": files,
+        }
+        (staging / BUNDLE_JSON).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _bad(path: Path, why: str) -> ArtifactError:
+    return ArtifactError(f"bundle {path}: {why}; re-export it with `gencli export`")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """gencli.json of a bundle, checked: a known format_version, every listed file present at its size."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"bundle folder {path} does not exist; create one with `gencli export {path}`")
+    meta_path = path / BUNDLE_JSON
+    if not meta_path.is_file():
+        raise InputError(f"{path} is not a gencli bundle (no {BUNDLE_JSON}); create one with `gencli export`")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"{BUNDLE_JSON} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise _bad(path, f"{BUNDLE_JSON} must hold a JSON object")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _bad(path, f"{BUNDLE_JSON} has an unknown format_version {version!r} (this gencli reads 1..{FORMAT_VERSION})")
+    if version > FORMAT_VERSION:
+        raise InputError(
+            f"bundle {path} has format_version {version}, written by gencli {meta.get('gencli_version', '?')}; this "
+            f"gencli reads format_version up to {FORMAT_VERSION}: upgrade gencli (pip install -U gencli)"
+        )
+    files = meta.get("files")
+    needed = (ITEMS, artifacts.SID_VOCAB, f"{MODEL}/config.json")
+    if not isinstance(files, dict) or any(name not in files for name in needed):
+        raise _bad(path, f"{BUNDLE_JSON} lacks the file list (or it misses one of {', '.join(needed)})")
+    problems = []
+    for name, size in files.items():
+        p = path / name
+        if not p.is_file():
+            problems.append(f"{name} is missing")
+        elif p.stat().st_size != size:
+            problems.append(f"{name} has {p.stat().st_size} bytes, {size} expected")
+    if problems:
+        raise _bad(path, "; ".join(problems[:5]))
+    if not isinstance(meta.get("decode"), dict):
+        raise _bad(path, f"{BUNDLE_JSON} lacks the 'decode' object")
+    return meta
+
+
+def read_items(path: Path) -> pl.DataFrame:
+    """items.parquet of a bundle: item_id, title, codes (checked: columns, equal SID lengths, unique ids)."""
+    file = Path(path) / ITEMS
+    try:
+        frame = pl.read_parquet(file)
+    except Exception as exc:  # noqa: BLE001 - polars raises several types for a damaged file
+        raise _bad(path, f"{ITEMS} is corrupt ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
+    if missing:
+        raise _bad(path, f"{ITEMS} lacks column(s) {', '.join(missing)}")
+    if frame.height == 0:
+        raise _bad(path, f"{ITEMS} has no items")
+    if frame["codes"].list.len().n_unique() != 1 or frame["codes"].null_count():
+        raise _bad(path, f"{ITEMS}: the SID codes have different lengths")
+    if frame["item_id"].n_unique() != frame.height or frame["item_id"].null_count():
+        raise _bad(path, f"{ITEMS}: item ids repeat or are empty")
+    return frame
+
+
+@dataclass
+class Bundle:
+    """What a bundle folder holds, loaded and checked: :meth:`Recommender.load` builds on it."""
+
+    path: Path
+    model: Any
+    vocab: Any
+    item_ids: list[str]
+    titles: list[str]
+    codes: np.ndarray
+    max_history: int
+    beams: int
+    metadata: dict[str, Any]
+
+    def bad(self, problem: str) -> InputError:
+        return _bad(self.path, problem)
+
+
+def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle:
+    """Read and check a bundle folder: its manifest, catalog, SID vocabulary and model (the one model loader)."""
+    from gencli.core.device import resolve_device, resolve_dtype
+    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.prompt import load_sid_vocab
+
+    meta = read_manifest(path)
+    items = read_items(path)
+    try:
+        vocab = load_sid_vocab(Path(path) / artifacts.SID_VOCAB)
+    except ArtifactError as exc:
+        raise _bad(path, str(exc).split("; rerun")[0]) from None
+    codes = items["codes"].list.to_array(int(items["codes"].list.len()[0])).to_numpy().astype(np.int64)
+    torch_device = resolve_device(device)
+    try:
+        model, _ = load_model(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
+    except ArtifactError as exc:
+        raise _bad(path, str(exc).split("; rerun")[0]) from None
+    decode = meta["decode"]
+    return Bundle(Path(path), model, vocab, items["item_id"].to_list(), items["title"].to_list(), codes,
+                  max_history=int(decode.get("max_history", 20)), beams=int(decode.get("beams", 0)), metadata=meta)

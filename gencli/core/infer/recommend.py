@@ -1,0 +1,188 @@
+"""Recommendations out: histories of item ids -> each user's top-K catalog items, by constrained beam search.
+
+The prompt is eval's (:func:`gencli.core.lm.prompt.build_prompt`: BOS + the SIDs of the last
+``max_history`` items), so for the same history, beams and ``exclude_seen=False`` the ranking is
+exactly eval's. With ``exclude_seen`` every item of the history is banned inside the decoder
+(:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
+that many, with no over-generation and filtering afterwards. An empty history gives the model's
+unconditional top K (the prompt is BOS alone). A score is the summed log-probability of the item's
+SID tokens: higher is better, comparable within one user's list.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from gencli.config import StampConfig
+from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
+from gencli.core.progress import SILENT, Progress
+from gencli.errors import ArtifactError, InputError
+
+DEFAULT_K = 10
+DEFAULT_BEAMS = 20  # eval's default: beams = max(k, 20) keeps recommend's list equal to eval's for k <= 20
+DEFAULT_HISTORY = 20  # prompt length when the model's training length is unknown (as eval)
+
+
+class Recommendation(NamedTuple):
+    """One recommended item: a plain tuple (item_id, score, title)."""
+
+    item_id: str
+    score: float
+    title: str
+
+
+@dataclass
+class Ranked:
+    """Decoded top-K of many users (item indices into the catalog, -1 where fewer than K were left)."""
+
+    items: np.ndarray
+    """int64 [U, K]."""
+    scores: np.ndarray
+    """float32 [U, K], -inf where items is -1."""
+
+
+class Recommender:
+    """A model and its catalog, ready to answer: ``rec.recommend(["i1", "i2"], k=10)``.
+
+    Build one with :meth:`load` (a folder written by ``gencli export``) or from parts (the CLI does,
+    from a workdir). ``max_history`` is the prompt length the model was trained with.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab: SidVocab,
+        item_ids: Sequence[str],
+        titles: Sequence[str],
+        item_codes: np.ndarray,
+        max_history: int = DEFAULT_HISTORY,
+        beams: int = 0,
+        batch_size: int = 32,
+        metadata: dict[str, Any] | None = None,
+    ):
+        if len(item_ids) != len(titles) or len(item_ids) != len(item_codes):
+            raise ArtifactError(
+                f"the catalog has {len(item_ids)} item ids, {len(titles)} titles and {len(item_codes)} SIDs"
+            )
+        self.model = model.eval()
+        self.vocab = vocab
+        self.item_ids = [str(i) for i in item_ids]
+        self.titles = ["" if t is None else str(t) for t in titles]
+        self.index = {item: i for i, item in enumerate(self.item_ids)}
+        if len(self.index) != len(self.item_ids):
+            raise ArtifactError("the catalog lists an item id twice")
+        self.item_tokens = item_token_ids(item_codes, vocab)
+        self.trie = SidTrie(self.item_tokens)
+        n_logits = model.config.vocab_size
+        if self.trie.vocab_bound > n_logits:
+            raise ArtifactError(
+                f"the model has {n_logits} tokens but the SID vocabulary uses ids up to {self.trie.vocab_bound - 1}; "
+                "the model and the SIDs come from different runs"
+            )
+        self.max_history = max_history
+        self.beams = beams
+        self.batch_size = batch_size
+        self.metadata = metadata or {}
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def load(cls, path: Path | str, device: str = "auto", dtype: str = "auto") -> Recommender:
+        """Open a bundle folder written by ``gencli export`` (InputError naming the problem otherwise)."""
+        from gencli.core.infer.bundle import open_bundle
+
+        bundle = open_bundle(Path(path), device, dtype)
+        try:
+            return cls(bundle.model, bundle.vocab, bundle.item_ids, bundle.titles, bundle.codes,
+                       max_history=bundle.max_history, beams=bundle.beams, metadata=bundle.metadata)
+        except ArtifactError as exc:
+            raise bundle.bad(str(exc)) from None
+
+    def __len__(self) -> int:
+        return len(self.item_ids)
+
+    def resolve(self, history: Sequence[str]) -> tuple[list[int], list[str]]:
+        """(item indices of the known ids, in order; the unknown ids)."""
+        known, unknown = [], []
+        for item in history:
+            idx = self.index.get(str(item))
+            if idx is None:
+                unknown.append(str(item))
+            else:
+                known.append(idx)
+        return known, unknown
+
+    def rank(
+        self,
+        histories: Sequence[Sequence[int]],
+        k: int = DEFAULT_K,
+        beams: int = 0,
+        exclude_seen: bool = True,
+        max_history: int = 0,
+        prune: StampConfig | None = None,
+        progress: Progress = SILENT,
+    ) -> Ranked:
+        """Top ``k`` item indices per history of item indices (the engine behind every entry point)."""
+        if k < 1:
+            raise InputError(f"k must be >= 1 (got {k})")
+        beams = beams or max(k, self.beams or DEFAULT_BEAMS)
+        if beams < k:
+            raise InputError(f"--beams ({beams}) must be >= --k ({k}): each beam ends as one item")
+        bad = sorted({i for h in histories for i in h if not 0 <= i < len(self.item_ids)})
+        if bad:
+            raise InputError(f"item indices {bad[:5]} are outside the catalog of {len(self.item_ids)} items")
+        prompts = [build_prompt(h, self.item_tokens, max_history or self.max_history, self.vocab.bos_id)
+                   for h in histories]
+        if not prompts:
+            return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
+        items, scores = constrained_beam_search(
+            self.model, prompts, self.trie, beams=beams, top_k=k, batch_size=self.batch_size, device=self.device,
+            progress=progress, softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
+            banned=[list(h) for h in histories] if exclude_seen else None,
+        )
+        return Ranked(items, scores)
+
+    def recommend_batch(
+        self, histories: Sequence[Sequence[str]], k: int = DEFAULT_K, exclude_seen: bool = True, strict: bool = False,
+        beams: int = 0,
+    ) -> list[list[Recommendation]]:
+        """Top ``k`` (item_id, score, title) for each history of item ids, oldest first.
+
+        Ids not in the catalog are skipped (a warning), or an InputError naming them with ``strict``.
+        """
+        if isinstance(histories, str):
+            raise TypeError("histories must be a list of lists of item ids, not a string")
+        if any(isinstance(h, str) for h in histories):
+            raise TypeError("each history must be a list of item ids; for one history call recommend()")
+        resolved = [self.resolve(h) for h in histories]
+        unknown = sorted({u for _, bad in resolved for u in bad})
+        if unknown and strict:
+            raise InputError(f"{len(unknown)} history item id(s) are not in the catalog: {', '.join(unknown[:10])}")
+        if unknown:
+            warnings.warn(f"skipped {len(unknown)} item id(s) not in the catalog: {', '.join(unknown[:10])}",
+                          stacklevel=2)
+        ranked = self.rank([idx for idx, _ in resolved], k=k, beams=beams, exclude_seen=exclude_seen)
+        return [self.to_recommendations(row, score_row) for row, score_row in zip(ranked.items, ranked.scores,
+                                                                                  strict=True)]
+
+    def recommend(
+        self, history: Sequence[str], k: int = DEFAULT_K, exclude_seen: bool = True, strict: bool = False,
+        beams: int = 0,
+    ) -> list[Recommendation]:
+        """Top ``k`` (item_id, score, title) after one history of item ids (oldest first; may be empty)."""
+        if isinstance(history, str):
+            raise TypeError("history must be a list of item ids, not a string (write [\"i1\"], not \"i1\")")
+        return self.recommend_batch([history], k=k, exclude_seen=exclude_seen, strict=strict, beams=beams)[0]
+
+    def to_recommendations(self, items: np.ndarray, scores: np.ndarray) -> list[Recommendation]:
+        """One decoded row as (item_id, score, title) tuples, dropping the -1 padding."""
+        return [Recommendation(self.item_ids[i], float(s), self.titles[i])
+                for i, s in zip(items.tolist(), scores.tolist(), strict=True) if i >= 0]

@@ -1,0 +1,258 @@
+"""The Workspace class: step folders, staleness, locking and the atomic commit of a step (layout in __init__)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gencli.errors import ArtifactError, InputError, LockedError
+from gencli.workspace.env import package_versions
+from gencli.workspace.hashing import describe_outputs, sha256_file, sha256_json
+from gencli.workspace.journal import STAGING, STEP_JSON, pending, settle, write_journal
+from gencli.workspace.lock import WorkdirLock
+from gencli.workspace.manifest import Manifest, read_json, write_json_atomic
+
+DEFAULT_WORKDIR = "gencli-work"
+
+
+def default_workdir() -> Path:
+    return Path(os.environ.get("GENCLI_WORKDIR", DEFAULT_WORKDIR))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+@dataclass
+class StepRun:
+    """One attempt at a step: where to write, and what it read."""
+
+    name: str
+    out_dir: Path
+    fingerprint: str
+    inputs: dict[str, dict[str, Any]]
+    params: dict[str, Any]
+    started: float = field(default_factory=time.time)
+    up_to_date: bool = False
+
+
+class Workspace:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.lock = WorkdirLock(self.root) if self.root.exists() else None
+        if self.lock is not None:
+            self.recover()
+
+    def recover(self) -> list[str]:
+        """Settle commits a killed run left half-done (see journal.py) before anything reads the manifest.
+
+        Runs when a workspace is opened and again under the lock in :meth:`begin`. When another process holds
+        the lock it is skipped: that process is either committing right now or settled it in its own begin.
+        """
+        names = pending(self.root)  # one directory listing: the common case costs nothing more
+        if not names:
+            return []
+        held = self.lock is not None and self.lock.held
+        if not held:
+            try:
+                self.lock = WorkdirLock(self.root)
+                self.lock.acquire("recover")
+            except LockedError:
+                return []
+        try:
+            return [name for name in names if settle(self.root, name) != "none"]
+        finally:
+            if not held:
+                self.lock.release()
+
+    # ---- reading -------------------------------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest(self.root)
+
+    def step_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def input_dir(self, name: str, needed_by: str) -> Path:
+        """Folder of a finished upstream step, or a clear error naming the command to run first."""
+        entry = self.manifest.get(name) if (self.root / "manifest.json").exists() else None
+        if not entry or entry.get("status") != "done":
+            raise ArtifactError(
+                f"'{needed_by}' needs the output of '{name}', which has not run in workdir {self.root}; "
+                f"run `gencli {name} --workdir {self.root}` first"
+            )
+        folder = self.step_dir(name)
+        if not (folder / STEP_JSON).exists():
+            raise ArtifactError(
+                f"step folder {folder} is missing or half-written (no {STEP_JSON}); rerun `gencli {name} --force`"
+            )
+        return folder
+
+    def step_record(self, name: str) -> dict[str, Any]:
+        return read_json(self.step_dir(name) / STEP_JSON, "step record")
+
+    def verify_outputs(self, name: str, deep: bool = False) -> list[str]:
+        """Problems with a finished step's files (missing, wrong size, or with ``deep`` wrong hash)."""
+        folder = self.step_dir(name)
+        try:
+            record = self.step_record(name)
+        except ArtifactError as e:
+            return [str(e)]
+        problems = []
+        for out in record.get("outputs", []):
+            p = folder / out["path"]
+            if not p.exists():
+                problems.append(f"{p} is missing")
+            elif p.stat().st_size != out["bytes"]:
+                problems.append(f"{p} has {p.stat().st_size} bytes, expected {out['bytes']}")
+            elif deep and sha256_file(p) != out["sha256"]:
+                problems.append(f"{p} content changed since '{name}' wrote it")
+        return problems
+
+    def freshness(self, name: str) -> str:
+        """'missing', 'failed', 'done' (fresh) or 'stale' (an input changed since it ran)."""
+        m = self.manifest
+        entry = m.get(name)
+        if not entry:
+            return "missing"
+        if entry.get("status") != "done":
+            return "failed"
+        for inp in entry.get("inputs", {}).values():
+            if "step" in inp:
+                up = m.get(inp["step"])
+                if not up or up.get("status") != "done" or up.get("digest") != inp["sha256"]:
+                    return "stale"
+                if self.freshness(inp["step"]) == "stale":
+                    return "stale"
+            elif "path" in inp and _file_changed(Path(inp["path"]), inp):
+                return "stale"
+        if self.verify_outputs(name):
+            return "stale"
+        return "done"
+
+    # ---- running a step ------------------------------------------------------------------------
+    def begin(
+        self,
+        name: str,
+        params: dict[str, Any],
+        upstream: list[str],
+        files: dict[str, Path] | None = None,
+        force: bool = False,
+        resume: bool = False,
+    ) -> StepRun:
+        """Lock the workdir and prepare a staging folder, or report that the step is up to date.
+
+        The caller must call :meth:`commit` or :meth:`abort` (the CLI does it in one place).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock = WorkdirLock(self.root)
+        self.lock.acquire(name)
+        try:
+            self.recover()
+            inputs: dict[str, dict[str, Any]] = {}
+            m = self.manifest
+            for up in upstream:
+                self.input_dir(up, needed_by=name)
+                entry = m.get(up)
+                inputs[up] = {"step": up, "sha256": entry["digest"], "bytes": entry.get("bytes", 0)}
+            for key, path in (files or {}).items():
+                inputs[key] = _describe_file(Path(path), key)
+            fingerprint = sha256_json({"params": params, "inputs": {k: v["sha256"] for k, v in inputs.items()}})
+            run = StepRun(name=name, out_dir=self.root / STAGING / name, fingerprint=fingerprint, inputs=inputs, params=params)
+            entry = m.get(name)
+            if (
+                not force
+                and entry
+                and entry.get("status") == "done"
+                and entry.get("fingerprint") == fingerprint
+                and not self.verify_outputs(name)
+            ):
+                run.up_to_date = True
+                return run
+            if run.out_dir.exists() and not resume:
+                shutil.rmtree(run.out_dir)
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(run.out_dir / STEP_JSON, self._record(run, status="running"))
+            return run
+        except BaseException:
+            self.release()
+            raise
+
+    def commit(self, run: StepRun, metrics: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+        """Describe outputs, write step.json (done) and the commit journal, then swap the folder into place and
+        update the manifest through the same :func:`settle` that repairs a killed commit."""
+        outputs = describe_outputs(run.out_dir)
+        record = self._record(run, status="done", metrics=metrics, outputs=outputs, argv=argv)
+        write_json_atomic(run.out_dir / STEP_JSON, record)
+        write_journal(self.root, run.name)
+        settle(self.root, run.name)
+        return record
+
+    def abort(self, run: StepRun, error: BaseException, keep_staging: bool = False) -> None:
+        """Drop the staging folder. Bad input leaves the manifest untouched; a crash is recorded."""
+        if not keep_staging and run.out_dir.exists():
+            shutil.rmtree(run.out_dir, ignore_errors=True)
+        elif keep_staging and run.out_dir.exists():
+            write_json_atomic(
+                run.out_dir / STEP_JSON, self._record(run, status="failed", error=f"{type(error).__name__}: {error}")
+            )
+        if not isinstance(error, InputError):
+            self.manifest.record_failure(
+                run.name, {"at": _now(), "error": f"{type(error).__name__}: {error}", "resumable": keep_staging}
+            )
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def _record(self, run: StepRun, status: str, metrics=None, outputs=None, argv=None, error=None) -> dict[str, Any]:
+        finished = time.time()
+        return {
+            "step": run.name,
+            "status": status,
+            "params": run.params,
+            "inputs": run.inputs,
+            "outputs": outputs or [],
+            "metrics": metrics or {},
+            "timing": {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
+                "finished": _now() if status != "running" else None,
+                "seconds": round(finished - run.started, 3) if status != "running" else None,
+            },
+            "versions": package_versions(),
+            "argv": argv or [],
+            "fingerprint": run.fingerprint,
+            "error": error,
+        }
+
+
+def _file_changed(path: Path, recorded: dict[str, Any]) -> bool:
+    """True when a user input file differs from what a step read (mtime is only a shortcut)."""
+    if not path.exists():
+        return True
+    if path.is_file():
+        st = path.stat()
+        if st.st_size != recorded["bytes"]:
+            return True
+        if st.st_mtime == recorded.get("mtime"):
+            return False
+    return _describe_file(path, "input")["sha256"] != recorded["sha256"]
+
+
+def _describe_file(path: Path, key: str) -> dict[str, Any]:
+    if not path.exists():
+        raise InputError(f"--{key} file does not exist: {path}; check the path")
+    if path.is_dir():
+        # a dataset folder (e.g. MovieLens): hash its files together
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {
+            "path": str(path.resolve()),
+            "sha256": sha256_json([(p.relative_to(path).as_posix(), sha256_file(p)) for p in files]),
+            "bytes": sum(p.stat().st_size for p in files),
+        }
+    st = path.stat()
+    return {"path": str(path.resolve()), "sha256": sha256_file(path), "bytes": st.st_size, "mtime": st.st_mtime}

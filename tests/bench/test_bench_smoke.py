@@ -1,0 +1,181 @@
+"""Smoke tests of bench/: every script runs as ``python bench/X.py ...`` from the repository root, with its
+smallest arguments, on a tiny workdir of the sample data, and writes the results it promises.
+
+Each starts a fresh interpreter (torch import included), so the runs are marked slow; the static checks
+(no /tmp paths, no sys.path edits, every script exercised by some test) are fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+RESEARCH_ONLY = ("sap_gap.py", "sap_fidelity.py", "sap_weights.py", "truncate_layers.py")
+
+
+def run_bench(*args: str, env: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run a bench script from the repository root, one thread, offline; fail with its output on a non-zero exit."""
+    full_env = {**os.environ, "GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "GENCLI_NO_PROGRESS": "1", **(env or {})}
+    cmd = ["bash", *args] if args[0].endswith(".sh") else [sys.executable, *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+# ---- static checks (fast) ---------------------------------------------------------------------------------------
+
+
+def bench_scripts() -> list[Path]:
+    return sorted([*BENCH.glob("*.py"), *BENCH.glob("*.sh")])
+
+
+def test_bench_scripts_use_no_tmp_paths_and_no_sys_path_edits():
+    offenders = []
+    for path in [*bench_scripts(), BENCH / "README.md", ROOT / "docs" / "benchmarks.md"]:
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"(?<![\w.])/tmp\b", text):
+            offenders.append(f"{path.name}: /tmp")
+        if re.search(r"sys\.path\.(insert|append)", text):
+            offenders.append(f"{path.name}: sys.path edit")
+    assert offenders == []
+
+
+def test_research_scripts_are_not_in_bench_and_not_imported_by_tests():
+    assert [name for name in RESEARCH_ONLY if (BENCH / name).exists()] == []
+    importers = [p for p in (ROOT / "tests").rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+(research|sap_gap|sap_fidelity|sap_weights|truncate_layers)\b",
+                              p.read_text(encoding="utf-8"), re.M)]
+    assert importers == []
+
+
+def test_every_bench_script_is_exercised_by_a_test():
+    tests_text = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").rglob("*.py"))
+    missing = [p.name for p in bench_scripts() if p.name != "common.py" and f"bench/{p.name}" not in tests_text]
+    assert missing == []
+
+
+# ---- runs (slow) ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_workdir(embedded_workdir, tmp_path_factory) -> Path:
+    """The sample data ingested and embedded (shared fixture), quantized small, init-vocab tiny, 2 sft steps."""
+    from click.testing import CliRunner
+
+    from gencli.cli import cli
+
+    wd = tmp_path_factory.mktemp("bench") / "work"
+    shutil.copytree(embedded_workdir, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"],
+                 ["sft", "--max-steps", "2", "--batch-size", "8", "--max-history", "5", "--eval-users", "10",
+                  "--eval-beams", "5"]):
+        result = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
+        assert result.exit_code == 0, result.output
+    return wd
+
+
+@pytest.mark.slow
+def test_decode_agrees_with_hf_generate():
+    proc = run_bench("bench/decode.py", "--items", "50", "--users", "4", "--history", "3", "--beams", "4",
+                     "--top-k", "4", "--batch-size", "4", "--levels", "4,4")
+    assert "agreement: 4/4 users" in proc.stdout
+
+
+@pytest.mark.slow
+def test_quantize_compares_with_sklearn():
+    proc = run_bench("bench/quantize.py", "--n", "300", "--dim", "16", "--clusters", "10", "--levels", "2",
+                     "--codes", "8", "--max-iter", "3", "--threads", "1")
+    assert "| gencli residual_kmeans (torch) |" in proc.stdout
+    assert "| sklearn KMeans per level |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_stamp_speed_writes_one_row_per_variant(tiny_workdir, tmp_path):
+    out = tmp_path / "speed.json"
+    run_bench("bench/stamp.py", "speed", "--workdir", str(tiny_workdir), "--rounds", "1", "--steps", "1",
+              "--batch-size", "2", "--min-tokens", "16", "--max-history", "5", "--variants", "base,stamp",
+              "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["base", "stamp"]
+    assert all(r["activation_mb"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_stamp_recall_then_paired_recall(tiny_workdir, tmp_path):
+    out = tmp_path / "recall.json"
+    run_bench("bench/stamp.py", "recall", "--workdir", str(tiny_workdir), "--variants", "base,stamp",
+              "--max-steps", "2", "--batch-size", "4", "--max-history", "5", "--eval-users", "10",
+              "--eval-beams", "5", "--keep-models", "--prune-eval", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["seed"]) for r in rows] == [("base", 0), ("stamp", 0)]
+    assert rows[1]["recall@5_pruned_eval"] is not None and rows[0]["recall@5_pruned_eval"] is None
+    paired = tmp_path / "paired.json"
+    proc = run_bench("bench/paired_recall.py", "--workdir", str(tiny_workdir), "--splits", "valid",
+                     "--max-history", "5", "--beams", "5", "--model", f"base={tmp_path / 'recall-base-s0'}",
+                     "--model", f"stamp={tmp_path / 'recall-stamp-s0'}", "--out", str(paired))
+    assert "popularity" in proc.stdout
+    assert paired.is_file()
+
+
+@pytest.mark.slow
+def test_eval_prune_reports_each_keep_ratio(tiny_workdir, tmp_path):
+    out = tmp_path / "prune.json"
+    run_bench("bench/eval_prune.py", "--workdir", str(tiny_workdir), "--max-history", "5", "--ratios", "0.5",
+              "--repeats", "1", "--max-users", "20", "--beams", "20", "--batch-size", "8", "--out", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert [(r["cohort"], r["keep_ratio"]) for r in results] == [
+        ("eval", None), ("eval", 0.5), ("cold-eval", None), ("cold-eval", 0.5)]
+    assert results[0]["users"] == 20
+
+
+def _shared_copy(embedded_workdir: Path, target: Path) -> None:
+    """Pre-seed a bench workroot's shared workdir with ingest + embed (up to date: the bench skips them)."""
+    shutil.copytree(embedded_workdir, target)
+
+
+@pytest.mark.slow
+def test_init_compare_runs_one_variant(embedded_workdir, tmp_path):
+    _shared_copy(embedded_workdir, tmp_path / "sample" / "shared")
+    out = tmp_path / "results.json"
+    run_bench("bench/init_compare.py", "--datasets", "sample", "--seeds", "0", "--inits", "random",
+              "--regimes", "sft", "--max-steps", "2", "--eval-every", "0", "--val-users", "10", "--eval-users", "10",
+              "--beams", "10", "--levels", "2", "--codes", "16", "--workroot", str(tmp_path), "--out", str(out))
+    assert len(json.loads(out.read_text())["runs"]) == 1
+
+
+@pytest.mark.slow
+def test_throughput_measures_the_three_losses(embedded_workdir, tmp_path):
+    _shared_copy(embedded_workdir, tmp_path / "shared")
+    out = tmp_path / "results.json"
+    proc = run_bench("bench/throughput.py", "--backbones", "tiny", "--threads", "1", "--repeats", "1",
+                     "--steps", "tiny=2", "--batch-size", "tiny=4", "--workroot", str(tmp_path), "--out", str(out))
+    assert "| tiny | 1 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
+    out = tmp_path / "gpu-check"
+    run_bench("bench/stamp_gpu_check.sh", str(tiny_workdir), str(tiny_workdir), str(out),
+              env={"DEVICE": "cpu", "STEPS": "2", "USERS": "10"})
+    for dataset, variants in (("sample", {"base", "stamp"}), ("ml100k", {"base", "map", "sap", "stamp"})):
+        rows = json.loads((out / dataset / "recall.json").read_text())["rows"]
+        assert {r["variant"] for r in rows} == variants and {r["seed"] for r in rows} == {0, 1}
+
+
+@pytest.mark.slow
+def test_recommend_compares_with_eval(embedded_workdir, tmp_path):
+    _shared_copy(embedded_workdir, tmp_path / "recommend-sample")
+    proc = run_bench("bench/recommend.py", "--sft-steps", "2", "--beams", "10", "--k", "5", "--repeats", "1",
+                     "--calls", "2", env={"GENCLI_BENCH_CACHE": str(tmp_path)})
+    assert (tmp_path / "recommend-sample.json").is_file()
+    assert "Recommender.recommend(k=5)" in proc.stdout

@@ -1,0 +1,172 @@
+"""gencli recommend and gencli export end to end on a tiny trained workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _run(workdir, *args, input=None):
+    return CliRunner().invoke(cli, [*args, "--workdir", str(workdir)], input=input)
+
+
+def _json(result):
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def trained(embedded_workdir, tmp_path_factory):
+    wd = tmp_path_factory.mktemp("recommend") / "work"
+    shutil.copytree(embedded_workdir, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"],
+                 ["sft", "--max-steps", "8", "--batch-size", "16", "--max-history", "5", "--eval-users", "10",
+                  "--eval-beams", "5"],
+                 ["eval", "--beams", "20", "--k", "10", "--max-users", "8"]):
+        result = _run(wd, *args, "--json")
+        assert result.exit_code == 0, result.output
+    return wd
+
+
+@pytest.fixture(scope="module")
+def catalog(trained):
+    items = pl.read_parquet(trained / "ingest" / "items.parquet")
+    events = pl.read_parquet(trained / "ingest" / "interactions.parquet")
+    ids = items["item_id"].to_list()
+    seen = {u: {ids[i] for i in g["item_idx"].to_list()} for (u,), g in events.group_by("user_id")}
+    return ids, seen
+
+
+def test_recommend_step_writes_every_users_top_k_unseen(trained, catalog):
+    ids, seen = catalog
+    result = _run(trained, "recommend", "--k", "7", "--json")
+    assert result.exit_code == 0, result.output
+    payload = _json(result)
+    assert payload["status"] == "done" and payload["metrics"]["users"] == len(seen)
+    assert payload["metrics"]["max_history"] == 5  # as sft trained
+    recs = pl.read_parquet(trained / "recommend" / "recommendations.parquet")
+    assert recs.columns == ["user_id", "rank", "item_id", "score", "title"]
+    per_user = recs.group_by("user_id").agg(pl.col("item_id"), pl.col("rank"), pl.col("score"))
+    assert per_user.height == len(seen)
+    for row in per_user.iter_rows(named=True):
+        assert len(set(row["item_id"])) == 7 and sorted(row["rank"]) == list(range(1, 8))
+        assert not set(row["item_id"]) & seen[row["user_id"]]
+    again = _run(trained, "recommend", "--k", "7", "--json")
+    assert _json(again)["status"] == "up-to-date"
+
+
+def test_include_seen_matches_evals_ranking(trained, catalog):
+    ids, _ = catalog
+    preds = pl.read_parquet(trained / "eval" / "predictions.parquet")
+    test = pl.read_parquet(trained / "ingest" / "test.parquet")
+    for row in preds.head(3).iter_rows(named=True):
+        history = test.filter(pl.col("user_idx") == row["user_idx"])["history"].to_list()[0]
+        result = _run(trained, "recommend", "--history", ",".join(ids[i] for i in history), "--include-seen",
+                      "--k", "10", "--beams", "20", "--json")
+        assert result.exit_code == 0, result.output
+        got = [item["item_id"] for item in _json(result)["recommendations"][0]["items"]]
+        assert got == [ids[i] for i in row["items"]]
+    assert not (trained / ".staging" / "recommend").exists()
+
+
+def test_stdin_keeps_order_and_matches_user_mode(trained, catalog):
+    ids, seen = catalog
+    users = sorted(seen)[:3]
+    lines = [{"user_id": users[2]}, {"user_id": "new", "history": [ids[0], ids[1]]}, {"user_id": users[0]}]
+    result = _run(trained, "recommend", "--stdin", "--output", "-", "--k", "4",
+                  input="".join(json.dumps(x) + "\n" for x in lines))
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["user_id"] for a in answers] == [users[2], "new", users[0]]
+    assert all(len(a["items"]) == 4 and set(a["items"][0]) == {"item_id", "score", "title"} for a in answers)
+    assert not {i["item_id"] for i in answers[1]["items"]} & {ids[0], ids[1]}
+    single = _json(_run(trained, "recommend", "--user", users[0], "--k", "4", "--json"))
+    alone, batched = single["recommendations"][0]["items"], answers[2]["items"]  # padding moves scores by ~1e-7
+    assert [i["item_id"] for i in alone] == [i["item_id"] for i in batched]
+    assert [i["score"] for i in alone] == pytest.approx([i["score"] for i in batched], abs=1e-4)
+
+
+def test_output_files_by_extension(trained, tmp_path):
+    for name in ("r.parquet", "r.csv", "r.jsonl"):
+        result = _run(trained, "recommend", "--output", str(tmp_path / name), "--k", "3")
+        assert result.exit_code == 0, result.output
+    parquet = pl.read_parquet(tmp_path / "r.parquet")
+    assert parquet.equals(pl.read_csv(tmp_path / "r.csv", schema=parquet.schema))
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) * 3 == parquet.height
+    assert [i["item_id"] for i in json.loads(lines[0])["items"]] == parquet["item_id"].head(3).to_list()
+    bad = _run(trained, "recommend", "--output", str(tmp_path / "r.xlsx"))
+    assert bad.exit_code == 2 and ".parquet, .csv or .jsonl" in bad.output
+
+
+def test_bad_ids_strict_empty_history_and_bad_lines(trained, catalog):
+    ids, _ = catalog
+    r = _run(trained, "recommend", "--user", "nobody", "--user", "nobody2")
+    assert r.exit_code == 2 and "2 user id(s) are not in the workdir: nobody, nobody2" in r.output
+    r = _run(trained, "recommend", "--history", f"{ids[0]},zz9", "--strict")
+    assert r.exit_code == 2 and "--strict: 1 history item id(s) are not in the catalog: zz9" in r.output
+    r = _run(trained, "recommend", "--history", f"{ids[0]},zz9", "--k", "3", "--json")
+    assert r.exit_code == 0 and _json(r)["skipped_ids"] == 1 and "skipped 1 history item id" in r.stderr
+    r = _run(trained, "recommend", "--history", "", "--k", "5", "--json")
+    assert r.exit_code == 0 and len(_json(r)["recommendations"][0]["items"]) == 5
+    r = _run(trained, "recommend", "--stdin", input='{"history": ["a"]}\nnot json\n[1]\n{"history": "i1"}\n')
+    assert r.exit_code == 2
+    assert "3 bad line(s)" in r.output and "line 2: not JSON" in r.output and "line 4" in r.output
+    r = _run(trained, "recommend", "--k", "30", "--beams", "10")
+    assert r.exit_code == 2 and "--beams (10) must be >= --k (30)" in r.output
+    r = _run(trained, "recommend", "--history", ids[0], "--stdin")
+    assert r.exit_code == 2 and "at most one of --history, --stdin" in r.output
+    assert not (trained / "recommend" / "step.json").exists() or json.loads(
+        (trained / "recommend" / "step.json").read_text())["status"] == "done"
+
+
+def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catalog, tmp_path):
+    ids, _ = catalog
+    out = tmp_path / "shop"
+    r = _run(trained, "export", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "gencli.json").read_text())
+    assert meta["source"]["model_step"] == "sft" and meta["decode"]["max_history"] == 5
+    assert "eval" in meta["metrics"] and str(trained) not in (out / "gencli.json").read_text()
+    history = ",".join(ids[3:9])
+    in_workdir = _json(_run(trained, "recommend", "--history", history, "--k", "6", "--json"))
+    env = {k: v for k, v in os.environ.items() if k != "GENCLI_WORKDIR"}
+    done = subprocess.run([sys.executable, "-m", "gencli", "recommend", "--bundle", str(out), "--history", history,
+                           "--k", "6", "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["recommendations"] == in_workdir["recommendations"]
+    assert not (tmp_path / "gencli-work").exists()
+    again = _run(trained, "export", str(out))
+    assert again.exit_code == 2 and "not empty" in again.output
+    (out / "model" / "config.json").write_text("{}")
+    broken = _run(trained, "recommend", "--bundle", str(out), "--history", history)
+    assert broken.exit_code == 2 and "re-export it" in broken.output and "Traceback" not in broken.output
+    r = _run(trained, "recommend", "--bundle", str(out), "--user", "u1")
+    assert r.exit_code == 2 and "a bundle holds no users" in r.output
+
+
+def test_user_file_and_prune(trained, catalog, tmp_path):
+    ids, seen = catalog
+    users = sorted(seen)[3:5]
+    (tmp_path / "users.txt").write_text("\n".join(users) + "\n\n")
+    r = _run(trained, "recommend", "--user-file", str(tmp_path / "users.txt"), "--k", "3", "--json")
+    assert r.exit_code == 0, r.output
+    assert [a["user_id"] for a in _json(r)["recommendations"]] == users
+    r = _run(trained, "recommend", "--user-file", str(tmp_path / "none.txt"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+    history = ",".join(ids[:12])
+    r = _run(trained, "recommend", "--history", history, "--prune", "--recent-window", "4", "--max-history", "12",
+             "--k", "5", "--json")
+    assert r.exit_code == 0, r.output
+    items = [i["item_id"] for i in _json(r)["recommendations"][0]["items"]]
+    assert len(set(items)) == 5 and not set(items) & set(ids[:12])

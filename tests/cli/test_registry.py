@@ -1,0 +1,59 @@
+"""The step registry (gencli/steps.py) is consistent and is what the CLI, run and status use."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from gencli.cli import COMMANDS, cli
+from gencli.steps import REGISTRY, STEPS, available, model_candidates, model_steps, pipeline_steps, step_order
+
+
+def test_every_step_reads_only_steps_registered_before_it():
+    order = [s.name for s in REGISTRY]
+    for step in REGISTRY:
+        for up in step.upstream:
+            assert STEPS[up].recorded and order.index(up) < order.index(step.name), (step.name, up)
+
+
+def test_model_steps_and_what_auto_tries():
+    assert model_steps() == ("init-vocab", "cpt", "sft")
+    assert model_candidates("sft") == ("cpt", "init-vocab")  # sft never starts from itself
+    assert model_candidates("eval") == ("sft", "cpt", "init-vocab")
+    assert all(STEPS[s].resumable == (s in ("cpt", "sft")) for s in STEPS)
+
+
+def test_every_available_command_resolves_and_plain_commands_are_not_steps():
+    ctx = click.Context(cli, info_name="gencli")
+    assert set(cli.list_commands(ctx)) == {name for name in COMMANDS if available(name)}
+    for name in cli.list_commands(ctx):
+        assert isinstance(cli.get_command(ctx, name), click.Command), name
+    for name in ("run", "status", "models"):
+        assert name not in step_order() and name not in pipeline_steps()
+    assert {"ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval"} <= set(pipeline_steps())
+
+
+def _done(root, step):
+    from gencli.workspace.manifest import Manifest
+
+    (root / step).mkdir(parents=True)
+    (root / step / "step.json").write_text("{}")
+    Manifest(root).record_done(step, {"status": "done", "digest": step})
+
+
+def test_auto_picks_the_most_trained_model_step_the_consumer_may_read(tmp_path):
+    from gencli.cli.inputs import pick_model_step
+    from gencli.errors import ArtifactError
+    from gencli.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    with pytest.raises(ArtifactError, match="gencli init-vocab"):
+        pick_model_step(ws, "auto", "sft")
+    _done(tmp_path, "init-vocab")
+    assert pick_model_step(ws, "auto", "sft") == pick_model_step(ws, "auto", "eval") == "init-vocab"
+    _done(tmp_path, "cpt")
+    assert pick_model_step(ws, "auto", "sft") == "cpt"
+    _done(tmp_path, "sft")
+    assert pick_model_step(ws, "auto", "sft") == "cpt"  # sft never starts from itself
+    assert pick_model_step(ws, "auto", "eval") == "sft"
+    assert pick_model_step(ws, "init-vocab", "eval") == "init-vocab"

@@ -1,0 +1,90 @@
+"""Scripting and cron behaviour: bad options exit 2 before any work, Ctrl-C exits 130, status on a missing path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--set", "sft.epoch=3"], "--epoch"),
+    (["--set", "quantize.codes=abc"], "--codes"),
+    (["--set", "eval.k=abc"], "--k"),
+])
+def test_pipeline_with_a_bad_option_exits_2_before_any_step(tmp_path, extra, named):
+    wd = tmp_path / "work"
+    result = _invoke("run", str(SAMPLE / "pipeline.toml"), "--workdir", str(wd), "--json", *extra)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert named in error
+    assert not wd.exists()  # ingest never ran
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_pipeline_toml_with_an_unknown_option_lists_it(tmp_path):
+    config = tmp_path / "p.toml"
+    config.write_text('steps = ["ingest", "embed"]\n[ingest]\nitems = "x.csv"\ninteractions = "y.csv"\n'
+                      '[embed]\nbatch-sise = 8\n')
+    result = _invoke("run", str(config), "--workdir", str(tmp_path / "w"))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "--batch-sise" in result.output and "[embed]" in result.output
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["quantize", "--codes", "abc"], "--codes"),
+    (["quantize", "--levels", "0"], "--levels"),
+    (["eval", "--k", "abc"], "--k"),
+    (["cold-eval", "--k", "5,x"], "--k"),
+    (["sft", "--lr", "fast"], "--lr"),
+])
+def test_bad_option_values_exit_2_naming_the_option(tmp_path, args, named):
+    result = _invoke(*args, "--workdir", str(tmp_path / "w"))
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert named in result.output
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, (ValueError, TypeError))
+    assert not (tmp_path / "w").exists()
+
+
+def test_status_on_a_missing_workdir_exits_2(tmp_path):
+    missing = tmp_path / "nope"
+    result = _invoke("status", "--workdir", str(missing), "--json")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert str(missing) in json.loads(result.stdout)["error"]
+    assert not missing.exists()
+
+
+def test_ctrl_c_during_a_step_exits_130_and_keeps_nothing_half_written(tmp_path, monkeypatch):
+    import gencli.core.data.ingest as core
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(core, "run", interrupted)
+    wd = tmp_path / "w"
+    result = _invoke("ingest", "--items", str(SAMPLE / "items.csv"), "--interactions",
+                     str(SAMPLE / "interactions.csv"), "--workdir", str(wd))
+    assert result.exit_code == EXIT_INTERRUPTED, result.output
+    assert "interrupted" in result.output
+    assert not (wd / "ingest").exists() and not (wd / ".staging" / "ingest").exists()
+
+
+def test_pipeline_false_gives_each_switch_its_off_form():
+    from gencli.cli.pipeline import step_args
+
+    args = step_args("sft", {"sid-softmax": False, "sap": False, "eval-every": 5}, SAMPLE)
+    assert args == ["--full-softmax", "--no-sap", "--eval-every", "5"]
+    assert step_args("ingest", {"drop-short-users": False}, SAMPLE) == ["--fail-on-short-users"]

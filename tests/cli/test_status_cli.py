@@ -1,0 +1,88 @@
+"""`gencli status` after a pipeline run shows every step's key metrics (the registry's keys match what steps record)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.steps import STEPS, step_order
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval", "profile"]
+
+PIPELINE = f"""
+steps = {json.dumps(STEPS_RUN)}
+[ingest]
+items = "{SAMPLE / 'items.csv'}"
+interactions = "{SAMPLE / 'interactions.csv'}"
+[quantize]
+codes = 8
+[cpt]
+max-steps = 2
+batch-size = 8
+[sft]
+max-steps = 2
+batch-size = 8
+eval-users = 10
+eval-beams = 5
+max-history = 4
+[eval]
+beams = 10
+k = "5,10"
+max-users = 10
+[cold-eval]
+beams = 10
+k = "5,10"
+max-users = 10
+[profile]
+variants = "base"
+steps = 1
+warmup-steps = 0
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(embedded_workdir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("status")
+    wd = root / "work"
+    shutil.copytree(embedded_workdir, wd)
+    config = root / "pipeline.toml"
+    config.write_text(PIPELINE)
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
+    assert result.exit_code == 0, result.output
+    return wd
+
+
+def test_status_shows_the_key_metrics_of_every_step(workdir):
+    result = CliRunner().invoke(cli, ["status", "--workdir", str(workdir), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["step"]: row for row in json.loads(result.stdout)["steps"]}
+    assert set(STEPS_RUN) <= set(rows) and list(rows) == list(step_order())
+    for step in STEPS_RUN:
+        assert rows[step]["state"] == "done", rows[step]
+        wanted = STEPS[step].key_metrics
+        assert wanted, f"{step} has no key metrics in gencli/steps.py"
+        assert list(rows[step]["key_metrics"]) == list(wanted), f"{step} did not record {wanted}"
+        assert all(v is not None for v in rows[step]["key_metrics"].values())
+    human = CliRunner().invoke(cli, ["status", "--workdir", str(workdir)], env={"COLUMNS": "400"})
+    assert human.exit_code == 0, human.output
+    lines = {line.split("│")[1].strip(): line for line in human.output.splitlines() if line.count("│") > 2}
+    for step in STEPS_RUN:
+        for key in STEPS[step].key_metrics:
+            assert f"{key}=" in lines[step], f"status shows no {key} for {step}: {lines[step]}"
+
+
+def test_status_key_metrics_come_from_the_step_record(workdir):
+    """cpt and sft record train_loss and peak_recall@5; status shows the values step.json holds."""
+    rows = {row["step"]: row for row in json.loads(
+        CliRunner().invoke(cli, ["status", "--workdir", str(workdir), "--json"]).stdout)["steps"]}
+    sft = json.loads((workdir / "sft" / "step.json").read_text())["metrics"]
+    cpt = json.loads((workdir / "cpt" / "step.json").read_text())["metrics"]
+    assert rows["sft"]["key_metrics"]["peak_recall@5"] == sft["peak_recall@5"]
+    assert rows["sft"]["key_metrics"]["steps"] == sft["steps"] == 2
+    assert rows["cpt"]["key_metrics"]["train_loss"] == cpt["train_loss"] > 0

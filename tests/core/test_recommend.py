@@ -1,0 +1,193 @@
+"""Recommender and the export bundle on a tiny saved Qwen3 (no workdir)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from factories import tiny_qwen3
+
+from gencli.config import EvalConfig
+from gencli.core import artifacts
+from gencli.core.infer import bundle
+from gencli.core.infer.evaluate import run as run_eval
+from gencli.core.infer.recommend import Recommender
+from gencli.core.lm.prompt import SidVocab
+from gencli.errors import ArtifactError, InputError
+
+LEVELS = (4, 4, 3)
+BASE = 30
+N_ITEMS = 30
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """A saved tiny model, its SID vocab and a 30-item catalog with ids and titles."""
+    root = tmp_path_factory.mktemp("rec")
+    tiny_qwen3(BASE + sum(LEVELS)).save_pretrained(root / "model")
+    offsets = np.cumsum([BASE, *LEVELS[:-1]])
+    vocab = SidVocab([list(range(o, o + k)) for o, k in zip(offsets, LEVELS, strict=True)], bos_id=1, eos_id=2,
+                     pad_id=0, base_vocab_size=BASE)
+    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": vocab.token_ids, "bos_id": 1, "eos_id": 2,
+                                                        "pad_id": 0, "base_vocab_size": BASE}))
+    rng = np.random.default_rng(0)
+    codes = np.unique(np.stack([rng.integers(0, k, 80) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    ids = [f"i{i:03d}" for i in range(N_ITEMS)]
+    titles = [f"Title {i}" for i in range(N_ITEMS)]
+    return root, vocab, codes, ids, titles
+
+
+def make(parts, **kw) -> Recommender:
+    root, vocab, codes, ids, titles = parts
+    model = tiny_qwen3(BASE + sum(LEVELS))  # the same weights as the saved folder (seeded)
+    return Recommender(model, vocab, ids, titles, codes, max_history=kw.pop("max_history", 3), **kw)
+
+
+def test_include_seen_is_exactly_evals_ranking(parts, tmp_path):
+    root, vocab, codes, ids, _ = parts
+    rng = np.random.default_rng(1)
+    histories = [rng.integers(0, N_ITEMS, rng.integers(0, 7)).tolist() for _ in range(9)]
+    split = pl.DataFrame({"user_idx": pl.Series(range(9), dtype=pl.Int32),
+                          "history": pl.Series(histories, dtype=pl.List(pl.Int32)),
+                          "target": pl.Series([0] * 9, dtype=pl.Int32)})
+    run_eval(EvalConfig(beams=8, k=(5,), batch_size=4, max_history=3, device="cpu"), model_dir=root / "model",
+             vocab=vocab, item_codes=codes, item_ids=ids, split=split, target_buckets=None, cohort_mask=None,
+             out_dir=tmp_path)
+    expected = np.array(pl.read_parquet(tmp_path / artifacts.PREDICTIONS)["items"].to_list())
+    rec = make(parts, batch_size=3)
+    ranked = rec.rank(histories, k=5, beams=8, exclude_seen=False)
+    assert (ranked.items == expected).all()
+    # and through the id API
+    lists = rec.recommend_batch([[ids[i] for i in h] for h in histories], k=5, beams=8, exclude_seen=False)
+    assert [[r.item_id for r in row] for row in lists] == [[ids[i] for i in row] for row in expected.tolist()]
+
+
+def test_exclude_seen_gives_k_distinct_unseen_items_even_when_most_are_seen(parts):
+    rec = make(parts)
+    rng = np.random.default_rng(2)
+    everything = list(range(N_ITEMS))
+    histories = [
+        [],
+        rng.choice(N_ITEMS, 5, replace=False).tolist(),
+        rng.permutation(N_ITEMS)[: N_ITEMS - 10].tolist(),  # exactly k unseen items left
+        rng.permutation(N_ITEMS)[: N_ITEMS - 11].tolist() * 2,  # repeats in a history are fine
+        rng.permutation(N_ITEMS)[: N_ITEMS - 4].tolist(),  # fewer than k left: all of them, then nothing
+        everything,
+    ]
+    ranked = rec.rank(histories, k=10, beams=10)  # beams == k: the masking must not starve the beam
+    for h, row, scores in zip(histories, ranked.items.tolist(), ranked.scores, strict=True):
+        left = N_ITEMS - len(set(h))
+        got = [i for i in row if i >= 0]
+        assert len(got) == min(10, left) == len(set(got))
+        assert not set(got) & set(h)
+        assert np.isfinite(scores[: len(got)]).all() and np.isneginf(scores[len(got):]).all()
+    # the unmasked list of the first user is what a seen-nothing user gets
+    assert ranked.items[0].tolist() == rec.rank([[]], k=10, beams=10, exclude_seen=False).items[0].tolist()
+
+
+def test_id_api_unknown_ids_strict_and_types(parts):
+    rec = make(parts)
+    with pytest.warns(UserWarning, match="skipped 1 item id.*nope"):
+        with_unknown = rec.recommend(["i001", "nope", "i002"], k=4)
+    assert with_unknown == rec.recommend(["i001", "i002"], k=4)
+    assert all(isinstance(r.score, float) and r.title.startswith("Title") for r in with_unknown)
+    item_id, score, title = with_unknown[0]  # a plain tuple
+    assert title == f"Title {int(item_id[1:])}"
+    assert {r.item_id for r in with_unknown}.isdisjoint({"i001", "i002"})
+    with pytest.raises(InputError, match="not in the catalog: nope"):
+        rec.recommend(["i001", "nope"], strict=True)
+    with pytest.raises(TypeError, match="not a string"):
+        rec.recommend("i001")
+    with pytest.raises(InputError, match="must be >= --k"):
+        rec.recommend(["i001"], k=5, beams=3)
+    assert len(rec.recommend([], k=25)) == 25  # empty history: the unconditional top K (beams grow to k)
+
+
+def test_bundle_round_trips_in_a_fresh_process(parts, tmp_path):
+    root, vocab, codes, ids, titles = parts
+    out = tmp_path / "bundle"
+    meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {}, "decode": {"max_history": 3, "beams": 20}}
+    bundle.write_bundle(out, root / "model", root / artifacts.SID_VOCAB, ids, titles, codes, meta)
+    assert sorted(p.name for p in out.iterdir()) == ["gencli.json", "items.parquet", "model", "sid_vocab.json"]
+    assert not list(tmp_path.glob(".bundle*"))  # the staging folder is gone
+    histories = [["i003", "i007"], [], ["i010", "i011", "i012", "i013"]]
+    expected = [[list(r) for r in row] for row in make(parts).recommend_batch(histories, k=6)]
+    code = ("import json, sys; from gencli import Recommender; rec = Recommender.load(sys.argv[1]); "
+            "print(json.dumps([[list(r) for r in row] for row in rec.recommend_batch(json.loads(sys.argv[2]), k=6)]))")
+    done = subprocess.run([sys.executable, "-c", code, str(out), json.dumps(histories)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env={**_env(), "GENCLI_WORKDIR": str(tmp_path / "none")})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected
+    with pytest.raises(InputError, match="not empty; choose a new folder or pass --force"):
+        bundle.write_bundle(out, root / "model", root / artifacts.SID_VOCAB, ids, titles, codes, meta)
+
+
+def _env():
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "GENCLI_WORKDIR"} | {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def good_bundle(parts, tmp_path):
+    root, _, codes, ids, titles = parts
+    out = tmp_path / "b"
+    meta = {"source": {}, "metrics": {}, "decode": {"max_history": 3}}
+    bundle.write_bundle(out, root / "model", root / artifacts.SID_VOCAB, ids, titles, codes, meta)
+    return out
+
+
+def _edit_json(folder, **changes):
+    meta = json.loads((folder / bundle.BUNDLE_JSON).read_text())
+    meta.update(changes)
+    (folder / bundle.BUNDLE_JSON).write_text(json.dumps(meta))
+
+
+def test_bundle_errors_name_the_problem(good_bundle, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        Recommender.load(tmp_path / "missing")
+    with pytest.raises(InputError, match="not a gencli bundle"):
+        Recommender.load(tmp_path)
+    newer = tmp_path / "newer"
+    shutil.copytree(good_bundle, newer)
+    _edit_json(newer, format_version=bundle.FORMAT_VERSION + 1, gencli_version="9.0")
+    with pytest.raises(InputError, match=r"format_version 2, written by gencli 9.0.*upgrade gencli"):
+        Recommender.load(newer)
+    _edit_json(newer, format_version="one")
+    with pytest.raises(ArtifactError, match="unknown format_version 'one'"):
+        Recommender.load(newer)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(good_bundle, truncated)
+    data = (truncated / "items.parquet").read_bytes()
+    (truncated / "items.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match=r"items.parquet has \d+ bytes, \d+ expected; re-export"):
+        Recommender.load(truncated)
+    garbled = tmp_path / "garbled"
+    shutil.copytree(good_bundle, garbled)
+    (garbled / "items.parquet").write_bytes(b"x" * len(data))
+    with pytest.raises(ArtifactError, match="items.parquet is corrupt"):
+        Recommender.load(garbled)
+    no_model = tmp_path / "no_model"
+    shutil.copytree(good_bundle, no_model)
+    shutil.rmtree(no_model / "model")
+    with pytest.raises(ArtifactError, match="model/config.json is missing"):
+        Recommender.load(no_model)
+    (good_bundle / bundle.BUNDLE_JSON).write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        Recommender.load(good_bundle)
+
+
+def test_import_gencli_stays_light():
+    code = "import sys, gencli; assert gencli.__version__; print(sorted(m for m in ('torch', 'polars') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert torch  # the test module itself may import torch; the check above runs in a fresh process

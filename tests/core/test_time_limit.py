@@ -1,0 +1,65 @@
+"""--max-time: a cron window stops training after the step that crosses it, validating and saving first."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from gencli.config import TrainConfig
+from gencli.core import artifacts
+from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.train.batches import ListExamples
+from gencli.core.train.callbacks import TimeLimit
+from gencli.core.train.checkpoints import list_checkpoints
+from gencli.core.train.loop import fit
+from gencli.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _model() -> Qwen3ForCausalLM:
+    config = Qwen3Config(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=32,
+                         pad_token_id=0)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config)
+
+
+def _examples() -> ListExamples:
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, 32, size=6).tolist() for _ in range(8)]
+    return ListExamples(ids, [[IGNORE_INDEX] * 4 + x[-2:] for x in ids])
+
+
+def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_path):
+    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=50, log_every=1, max_time=1e-9)
+    calls = []
+
+    def evaluate(model):
+        calls.append(1)
+        return {"recall@5": 0.5}
+
+    summary = fit(_model(), _examples(), cfg, tmp_path, pad_id=0, evaluate=evaluate,
+                  callbacks=[TimeLimit(cfg.max_time, evaluates=True)])
+    assert summary["steps"] == 1 and summary["stopped_early"] and summary["stop_reason"] == "max_time"
+    assert len(calls) == 1 and summary["best_step"] == 1  # validated before stopping: best/ is the model
+    assert (tmp_path / artifacts.MODEL_DIR / "config.json").is_file()
+    assert [p.name for p in list_checkpoints(tmp_path / artifacts.CHECKPOINTS)] == ["step-000001"]
+    valid = [json.loads(line) for line in (tmp_path / artifacts.METRICS_JSONL).read_text().splitlines()
+             if json.loads(line)["kind"] == "valid"]
+    assert [r["step"] for r in valid] == [1]
+
+
+def test_no_cap_trains_every_step(tmp_path):
+    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=3)
+    summary = fit(_model(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(3600.0, evaluates=False)])
+    assert summary["steps"] == 3 and not summary["stopped_early"] and summary["stop_reason"] is None
+
+
+def test_negative_max_time_is_rejected():
+    with pytest.raises(ConfigError, match="--max-time must be >= 0"):
+        TrainConfig(max_time=-1)
