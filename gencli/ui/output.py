@@ -66,10 +66,17 @@ def results_table(title: str, rows: dict[str, dict[str, Any]]):
     return table
 
 
+LOG_WIDTH = 160  # off a terminal (cron logs, pipes) tables are not cut at rich's default of 80 columns
+
+
 def console(stderr: bool = False):
+    import os
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    wide = None if stream.isatty() or os.environ.get("COLUMNS") else LOG_WIDTH
+    return Console(stderr=stderr, highlight=False, width=wide)
 
 
 def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: float | None, folder: str) -> None:

@@ -8,10 +8,11 @@
 set -uo pipefail
 export GENCLI_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 DATASET=${1:-sample}
-ROOT=${ROOT:-/work/main/.work-probe/$DATASET}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=${ROOT:-$REPO/.work-probe/$DATASET}
 SEEDS=${SEEDS:-"0 1 2"}
 SHARED=$ROOT/shared
-S=/work/main/sample_data
+S=$REPO/sample_data
 mkdir -p "$ROOT"
 if [ "$DATASET" = sample ]; then
   gencli --threads 1 ingest --items $S/items.csv --interactions $S/interactions.csv --workdir $SHARED --json >/dev/null

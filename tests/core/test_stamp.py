@@ -194,7 +194,7 @@ def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
     embed_w, head_w = model.model.embed_tokens.weight, model.lm_head.weight
 
     def nll(logits: torch.Tensor, target: int) -> float:
-        return float(torch.logsumexp(logits.double(), dim=0) - logits[target].double())
+        return float((torch.logsumexp(logits.double(), dim=0) - logits[target].double()).detach())
 
     main = aux = 0.0
     pairs = []
