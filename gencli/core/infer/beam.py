@@ -119,8 +119,10 @@ def _decode_batch(
         child, tok, valid = trie.children(nodes, t)  # [b*beams, C]
         c = child.shape[1]
         cand = score.reshape(-1, 1) + logp[row[:, None], tok]
-        if dead is not None and len(dead[t]):
-            valid = valid & ~torch.isin(user_of_beam[:, None] * trie.n_nodes(t + 1) + child, dead[t])
+        if dead is not None and len(dead[t]):  # dead[t] is sorted: a binary search per child, no re-sort
+            keys = user_of_beam[:, None] * trie.n_nodes(t + 1) + child
+            hit = dead[t][torch.searchsorted(dead[t], keys).clamp_(max=len(dead[t]) - 1)] == keys
+            valid = valid & ~hit
         cand = cand.masked_fill(~valid, -math.inf).reshape(b, beams * c)
         score, flat = cand.topk(beams, dim=1)
         origin = user_base + torch.div(flat, c, rounding_mode="floor")  # global beam row each new beam extends
