@@ -21,7 +21,7 @@ class Step:
     function: str
     """The click command's name in that module."""
     upstream: tuple[str, ...] = ()
-    """Steps whose outputs it always reads."""
+    """Steps whose outputs it always reads; ``step/artifact`` names one file of a step (stale only when it changes)."""
     reads_model: bool = False
     """It also reads one model step, chosen by an option (``--model-step``/``--from``; auto = the newest done)."""
     holds_model: bool = False
@@ -46,7 +46,8 @@ def _cmd(name: str, module: str, function: str) -> Step:
 REGISTRY: tuple[Step, ...] = (
     Step("ingest", "ingest", "ingest",
          key_metrics=("users", "items", "interactions", "cold_test_targets")),
-    Step("embed", "embed", "embed", upstream=("ingest",), key_metrics=("items", "dim", "model")),
+    # embed reads the catalog alone: new interactions on known items leave it up to date
+    Step("embed", "embed", "embed", upstream=("ingest/items.parquet",), key_metrics=("items", "dim", "model")),
     Step("quantize", "quantize", "quantize", upstream=("ingest", "embed"),
          key_metrics=("n_unique_sids", "collision_rate", "max_group_size", "reconstruction_error")),
     Step("init-vocab", "init_vocab", "init_vocab", upstream=("ingest", "quantize"), holds_model=True,

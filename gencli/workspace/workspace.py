@@ -95,6 +95,23 @@ class Workspace:
     def step_record(self, name: str) -> dict[str, Any]:
         return read_json(self.step_dir(name) / STEP_JSON, "step record")
 
+    def _output(self, step: str, artifact: str, needed_by: str) -> dict[str, Any]:
+        """The outputs entry (path, sha256, bytes) of one artifact of a finished step."""
+        for out in self.step_record(step).get("outputs", []):
+            if out["path"] == artifact:
+                return out
+        raise ArtifactError(f"{self.step_dir(step) / artifact} is not among '{step}' outputs, which '{needed_by}' "
+                            f"reads; rerun `gencli {step} --force`")
+
+    def _input_sha(self, inp: dict[str, Any]) -> str | None:
+        """The current hash of a recorded step input: the step's outputs digest, or one artifact's sha256."""
+        if "artifact" not in inp:
+            return self.manifest.get(inp["step"]).get("digest")
+        try:
+            return self._output(inp["step"], inp["artifact"], "freshness")["sha256"]
+        except ArtifactError:
+            return None
+
     def verify_outputs(self, name: str, deep: bool = False) -> list[str]:
         """Problems with a finished step's files (missing, wrong size, or with ``deep`` wrong hash)."""
         folder = self.step_dir(name)
@@ -124,7 +141,7 @@ class Workspace:
         for inp in entry.get("inputs", {}).values():
             if "step" in inp:
                 up = m.get(inp["step"])
-                if not up or up.get("status") != "done" or up.get("digest") != inp["sha256"]:
+                if not up or up.get("status") != "done" or self._input_sha(inp) != inp["sha256"]:
                     return "stale"
                 if self.freshness(inp["step"]) == "stale":
                     return "stale"
@@ -156,9 +173,14 @@ class Workspace:
             inputs: dict[str, dict[str, Any]] = {}
             m = self.manifest
             for up in upstream:
-                self.input_dir(up, needed_by=name)
-                entry = m.get(up)
-                inputs[up] = {"step": up, "sha256": entry["digest"], "bytes": entry.get("bytes", 0)}
+                step, _, artifact = up.partition("/")
+                self.input_dir(step, needed_by=name)
+                if artifact:  # one artifact of a step: stale only when that file changes
+                    out = self._output(step, artifact, needed_by=name)
+                    inputs[up] = {"step": step, "artifact": artifact, "sha256": out["sha256"], "bytes": out["bytes"]}
+                else:
+                    entry = m.get(step)
+                    inputs[up] = {"step": step, "sha256": entry["digest"], "bytes": entry.get("bytes", 0)}
             for key, path in (files or {}).items():
                 inputs[key] = _describe_file(Path(path), key)
             fingerprint = sha256_json({"params": params, "inputs": {k: v["sha256"] for k, v in inputs.items()}})

@@ -102,6 +102,29 @@ def test_changed_items_make_quantize_stale_then_rerun(small_sample, tmp_path):
     assert p["status"] == "up-to-date"  # and then it is current again
 
 
+def test_new_events_on_known_items_keep_embed_up_to_date(small_sample, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(small_sample.folder, data)
+    wd = tmp_path / "work"
+    for args in (small_sample.ingest_args(data), ["embed"], ["quantize", "--levels", "2", "--codes", "4"]):
+        r, p = _run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    log = data / "interactions.csv"
+    rows = log.read_text().splitlines()
+    items = set(pl.read_parquet(wd / "ingest" / "items.parquet")["item_id"].to_list())  # already in the log
+    users = set(pl.read_parquet(wd / "ingest" / "users.parquet")["user_id"].to_list())
+    on_known = [r.split(",") for r in rows[1:] if r.split(",")[1] in items and r.split(",")[0] in users][:10]
+    later = [",".join([r[0], r[1], str(2_000_000_000 + i), *r[3:]]) for i, r in enumerate(on_known)]
+    log.write_text("\n".join([*rows, *later]) + "\n")  # 10 more events of known users on known items
+    r, p = _run(wd, *small_sample.ingest_args(data))
+    assert p["status"] == "done" and p["metrics"]["interactions"] > 0
+    r, p = _run(wd, "status")
+    states = {s["step"]: s["state"] for s in p["steps"]}
+    assert states["embed"] == "done" and states["quantize"] == "stale"  # quantize reads the splits too
+    r, p = _run(wd, "embed")
+    assert p["status"] == "up-to-date"  # the catalog did not change: nothing is re-encoded
+
+
 def test_quantize_too_many_codes_is_exit_2_and_writes_nothing(foundation, tmp_path):
     _, _, wd0, _ = foundation
     wd = tmp_path / "work"

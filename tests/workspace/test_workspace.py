@@ -68,6 +68,34 @@ def test_changed_input_file_makes_downstream_stale(tmp_path):
     assert ws.freshness("embed") == "done"
 
 
+def _ingest(ws: Workspace, items: str, log: str):
+    run = ws.begin("ingest", {}, [], force=True)  # new files each time, as a rerun on new data
+    try:
+        if not run.up_to_date:
+            (run.out_dir / "items.parquet").write_text(items)
+            (run.out_dir / "interactions.parquet").write_text(log)
+            ws.commit(run, {}, argv=["test"])
+    finally:
+        ws.release()
+
+
+def test_an_artifact_input_goes_stale_only_when_that_file_changes(tmp_path):
+    ws = Workspace(tmp_path / "w")
+    _ingest(ws, "catalog v1", "log v1")
+    assert not _finish(ws, "embed", {}, upstream=["ingest/items.parquet"]).up_to_date
+    inputs = json.loads((tmp_path / "w" / "embed" / "step.json").read_text())["inputs"]
+    assert inputs["ingest/items.parquet"]["artifact"] == "items.parquet"
+    _ingest(ws, "catalog v1", "log v2, more events")  # new interactions, same catalog
+    assert ws.freshness("embed") == "done"
+    assert _finish(ws, "embed", {}, upstream=["ingest/items.parquet"]).up_to_date
+    _ingest(ws, "catalog v2", "log v2, more events")  # the catalog changed
+    assert ws.freshness("embed") == "stale"
+    assert not _finish(ws, "embed", {}, upstream=["ingest/items.parquet"]).up_to_date
+    with pytest.raises(ArtifactError, match="not among 'ingest' outputs"):
+        ws.begin("quantize", {}, ["ingest/nothing.parquet"])
+    ws.release()
+
+
 def test_missing_upstream_names_the_command(tmp_path):
     ws = Workspace(tmp_path / "w")
     with pytest.raises(ArtifactError, match="run `gencli ingest"):
@@ -123,7 +151,7 @@ def test_corrupt_manifest_is_a_clear_error(tmp_path):
 
 def test_second_process_gets_locked_error(tmp_path):
     ws = Workspace(tmp_path / "w")
-    run = ws.begin("ingest", {}, [])
+    run = ws.begin("ingest", {}, [], force=True)  # new files each time, as a rerun on new data
     code = textwrap.dedent(f"""
         from gencli.workspace import Workspace
         from gencli.errors import LockedError
