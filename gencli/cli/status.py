@@ -19,6 +19,8 @@ def collect(ws) -> list[dict]:
         if holder and holder.get("step") == name:
             state = "running"
         row = {"step": name, "state": state, "finished": None, "seconds": None, "key_metrics": {}, "metrics": {}}
+        if state == "stale":
+            row["stale_reason"] = ws.stale_reason(name)
         if entry:
             metrics = entry.get("metrics", {})
             row.update(finished=entry.get("finished"), seconds=entry.get("seconds"),
@@ -61,6 +63,7 @@ def status(workdir, json_mode):
 
         emit_json({"workdir": str(ws.root), "steps": rows})
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from gencli.ui.output import _fmt, console
@@ -71,8 +74,13 @@ def status(workdir, json_mode):
         table.add_column(col)
     for row in rows:
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in row["key_metrics"].items())
+        if row.get("stale_reason"):
+            shown = f"[yellow]{escape(row['stale_reason'])}[/yellow]; {shown}" if shown else \
+                f"[yellow]{escape(row['stale_reason'])}[/yellow]"
         if row.get("last_failure") and row["state"] != "done":
-            shown = f"[red]{row['last_failure']['error'][:80]}[/red]"
+            failure = row["last_failure"]
+            resume = " (resumable: rerun with --resume)" if failure.get("resumable") else ""
+            shown = f"[red]{escape(failure['error'][:80])}{resume}[/red]"
         secs = f"{row['seconds']:.1f}s" if row["seconds"] is not None else ""
         state = row["state"]
         finished = (row["finished"] or "")[:16].replace("T", " ")

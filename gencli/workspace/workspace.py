@@ -132,24 +132,30 @@ class Workspace:
 
     def freshness(self, name: str) -> str:
         """'missing', 'failed', 'done' (fresh) or 'stale' (an input changed since it ran)."""
-        m = self.manifest
-        entry = m.get(name)
+        entry = self.manifest.get(name)
         if not entry:
             return "missing"
         if entry.get("status") != "done":
             return "failed"
-        for inp in entry.get("inputs", {}).values():
+        return "stale" if self.stale_reason(name) else "done"
+
+    def stale_reason(self, name: str) -> str | None:
+        """Why a finished step is stale (the first changed input or damaged output), or None when it is current."""
+        m = self.manifest
+        for inp in m.get(name).get("inputs", {}).values():
             if "step" in inp:
+                label = f"{inp['step']}/{inp['artifact']}" if "artifact" in inp else inp["step"]
                 up = m.get(inp["step"])
-                if not up or up.get("status") != "done" or self._input_sha(inp) != inp["sha256"]:
-                    return "stale"
+                if not up or up.get("status") != "done":
+                    return f"its input step {inp['step']} is not done"
+                if self._input_sha(inp) != inp["sha256"]:
+                    return f"{label} changed since it ran"
                 if self.freshness(inp["step"]) == "stale":
-                    return "stale"
+                    return f"{inp['step']} is stale"
             elif "path" in inp and _file_changed(Path(inp["path"]), inp):
-                return "stale"
-        if self.verify_outputs(name):
-            return "stale"
-        return "done"
+                return f"input file {inp['path']} changed"
+        problems = self.verify_outputs(name)
+        return problems[0] if problems else None
 
     # ---- running a step ------------------------------------------------------------------------
     def begin(

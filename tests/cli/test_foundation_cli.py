@@ -121,6 +121,8 @@ def test_new_events_on_known_items_keep_embed_up_to_date(small_sample, tmp_path)
     r, p = _run(wd, "status")
     states = {s["step"]: s["state"] for s in p["steps"]}
     assert states["embed"] == "done" and states["quantize"] == "stale"  # quantize reads the splits too
+    reasons = {s["step"]: s.get("stale_reason") for s in p["steps"]}
+    assert reasons["quantize"] == "ingest changed since it ran" and reasons["embed"] is None
     r, p = _run(wd, "embed")
     assert p["status"] == "up-to-date"  # the catalog did not change: nothing is re-encoded
 

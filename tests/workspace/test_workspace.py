@@ -60,6 +60,9 @@ def test_changed_input_file_makes_downstream_stale(tmp_path):
     src.write_text("item_id,title\n1,b\n")
     assert ws.freshness("ingest") == "stale"
     assert ws.freshness("embed") == "stale"
+    assert ws.stale_reason("ingest") == f"input file {src} changed"
+    assert ws.stale_reason("embed") == "ingest is stale"
+    assert ws.stale_reason("ingest") is not None and ws.freshness("ingest") == "stale"
     # rerunning ingest with new output makes embed's recorded input differ -> embed reruns
     _finish(ws, "ingest", {}, files={"items": src}, content="changed")
     assert ws.freshness("ingest") == "done"
@@ -90,6 +93,7 @@ def test_an_artifact_input_goes_stale_only_when_that_file_changes(tmp_path):
     assert _finish(ws, "embed", {}, upstream=["ingest/items.parquet"]).up_to_date
     _ingest(ws, "catalog v2", "log v2, more events")  # the catalog changed
     assert ws.freshness("embed") == "stale"
+    assert ws.stale_reason("embed") == "ingest/items.parquet changed since it ran"
     assert not _finish(ws, "embed", {}, upstream=["ingest/items.parquet"]).up_to_date
     with pytest.raises(ArtifactError, match="not among 'ingest' outputs"):
         ws.begin("quantize", {}, ["ingest/nothing.parquet"])

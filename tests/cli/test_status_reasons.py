@@ -1,0 +1,33 @@
+"""`gencli status` says why a step is stale and shows a resumable failure (what cron logs need)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.workspace import Workspace
+
+
+def test_status_names_a_resumable_failure_and_a_stale_reason(tmp_path):
+    src = tmp_path / "items.csv"
+    src.write_text("item_id,title\n1,a\n")
+    ws = Workspace(tmp_path / "w")
+    run = ws.begin("ingest", {}, [], files={"items": src})
+    (run.out_dir / "items.parquet").write_text("x")
+    ws.commit(run, {}, argv=["test"])
+    ws.release()
+    run = ws.begin("sft", {}, ["ingest"])
+    ws.abort(run, RuntimeError("killed at step 40"), keep_staging=True)
+    ws.release()
+    src.write_text("item_id,title\n1,b\n")
+
+    table = CliRunner().invoke(cli, ["status", "--workdir", str(tmp_path / "w")])
+    assert table.exit_code == 0, table.output
+    assert "killed at step 40 (resumable: rerun with --resume)" in table.output
+    assert f"input file {src} changed" in table.output
+    rows = {r["step"]: r for r in json.loads(CliRunner().invoke(
+        cli, ["status", "--workdir", str(tmp_path / "w"), "--json"]).output)["steps"]}
+    assert rows["ingest"]["state"] == "stale" and rows["ingest"]["stale_reason"] == f"input file {src} changed"
+    assert rows["sft"]["state"] == "failed" and rows["sft"]["last_failure"]["resumable"] is True
