@@ -77,13 +77,19 @@ def test_rerun_is_up_to_date_and_status_reports(foundation):
     assert "quantize" in human.output and "done" in human.output
 
 
-def test_changed_items_make_quantize_stale_then_rerun(small_sample, tmp_path):
+def _small_workdir(small_sample, tmp_path):
+    """A copy of the small sample (data) and a workdir with ingest, embed and quantize done on it."""
     data = tmp_path / "data"
     shutil.copytree(small_sample.folder, data)
     wd = tmp_path / "work"
     for args in (small_sample.ingest_args(data), ["embed"], ["quantize", "--levels", "2", "--codes", "4"]):
         r, p = _run(wd, *args)
         assert r.exit_code == 0 and p["status"] == "done", r.output
+    return data, wd
+
+
+def test_changed_items_make_quantize_stale_then_rerun(small_sample, tmp_path):
+    data, wd = _small_workdir(small_sample, tmp_path)
     items = data / "items.csv"
     items.write_text(items.read_text().replace("The Broken Threshold", "The Mended Threshold", 1))
     r, p = _run(wd, "status")
@@ -103,12 +109,7 @@ def test_changed_items_make_quantize_stale_then_rerun(small_sample, tmp_path):
 
 
 def test_new_events_on_known_items_keep_embed_up_to_date(small_sample, tmp_path):
-    data = tmp_path / "data"
-    shutil.copytree(small_sample.folder, data)
-    wd = tmp_path / "work"
-    for args in (small_sample.ingest_args(data), ["embed"], ["quantize", "--levels", "2", "--codes", "4"]):
-        r, p = _run(wd, *args)
-        assert r.exit_code == 0 and p["status"] == "done", r.output
+    data, wd = _small_workdir(small_sample, tmp_path)
     log = data / "interactions.csv"
     rows = log.read_text().splitlines()
     items = set(pl.read_parquet(wd / "ingest" / "items.parquet")["item_id"].to_list())  # already in the log
