@@ -74,7 +74,7 @@ def run_variant(args: argparse.Namespace, dataset: str, shared: Path, regime: st
     commands += [
         ["sft", "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
          "--max-history", str(args.max_history), "--eval-every", str(args.eval_every),
-         "--eval-users", str(args.val_users), "--eval-beams", "10", "--seed", s],
+         "--eval-users", str(args.val_users), "--eval-beams", "10", "--patience", "0", "--seed", s],
         ["eval", "--beams", str(args.beams), "--k", "5,10", "--max-history", str(args.max_history),
          "--max-users", str(args.eval_users), "--seed", "0"],
         ["cold-eval", "--max-train-count", str(COLD_MAX_TRAIN_COUNT[dataset]), "--beams", str(args.beams),

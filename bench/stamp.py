@@ -157,7 +157,7 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                       max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
                       device=args.device, eval_every=args.eval_every, stamp=stamp, log_every=50,
-                      keep_checkpoints=1, sid_softmax=args.sid_softmax)
+                      keep_checkpoints=1, sid_softmax=args.sid_softmax, patience=0, evals_per_epoch=0)
     out_dir = args.out.parent / f"recall-{variant.replace('@', '-')}-s{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -10,6 +10,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a step crashed
 EXIT_BAD_INPUT = 2  # the user's input (file, option, artifact) is wrong
 EXIT_LOCKED = 3  # another gencli process holds the workdir lock
+EXIT_NOT_PROMOTED = 4  # gencli run --promote: the new model was worse than the promoted one, which stays
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what shells report)
 
 

@@ -29,7 +29,7 @@ class Step:
     key_metrics: tuple[str, ...] = ()
     """The few metrics ``gencli status`` shows (dotted keys reach into blocks, e.g. ``overall.recall@5``)."""
     resumable: bool = False
-    """A crash keeps its staging folder (checkpoints) so ``--resume`` can continue."""
+    """A crash keeps its staging folder (checkpoints) so a plain rerun (or ``--resume``) continues."""
     recorded: bool = True
     """Runs through the workspace and leaves a step folder; False for plain commands (run, status, models)."""
     pipeline: bool = True

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError, InputError
 from gencli.steps import resumable
 
 JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
@@ -86,10 +86,13 @@ def execute(
     from gencli.ui.progress import make_progress
 
     quiet_libraries()
-    ws = open_workspace(workdir)
+    from gencli.workspace import default_workdir
+
+    fresh = not Path(workdir or default_workdir()).exists()  # bad input must not leave an empty workdir behind
     params = {**to_dict(cfg), **(extra_params or {})}
-    run = None
+    run = ws = None
     try:
+        ws = open_workspace(workdir)  # settles a killed commit: a damaged journal is an error like any other
         if upstream is None:
             from gencli.steps import upstream as registered
 
@@ -113,7 +116,12 @@ def execute(
             raise
         if run is not None and not run.up_to_date:
             ws.abort(run, error, keep_staging=resumable(step) and not isinstance(error, GencliError))
-        ws.release()
+        if ws is not None:
+            ws.release()
+        if fresh and isinstance(error, InputError) and ws is not None:
+            import shutil
+
+            shutil.rmtree(ws.root, ignore_errors=True)
         fail(error, json_mode)
     ws.release()
     result = {"step": step, "status": "done", "dir": str(ws.step_dir(step)), "seconds": record["timing"]["seconds"],
@@ -163,3 +171,5 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if "transformers" in sys.modules:  # imported before (another command in this process): env vars came too late
+        sys.modules["transformers"].utils.logging.disable_progress_bar()

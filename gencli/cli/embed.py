@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from gencli.cli.common import build_config, execute, step_options
@@ -19,14 +21,20 @@ def embed(workdir, json_mode, force, **options):
     Examples:
       gencli embed
       gencli embed --template "{title}. {category}" --dim 128
+      gencli embed --reuse-from ../yesterday-work
     """
+    if options.get("reuse_from"):
+        options["reuse_from"] = str(Path(options["reuse_from"]).resolve())
     cfg = build_config(EmbedConfig, json_mode, **options)
 
     def body(run, ws, progress):
+        from gencli.cli.inputs import previous_vectors
         from gencli.core.data import tables
         from gencli.core.sid import embed as core
 
         items = tables.load_items(ws.input_dir("ingest", "embed"))
-        return core.run(cfg, tables.item_text(items, cfg.template), run.out_dir, progress)
+        previous = previous_vectors(cfg.reuse_from, "embed") if cfg.reuse_from else None
+        return core.run(cfg, tables.item_text(items, cfg.template), run.out_dir, progress, previous=previous)
 
-    execute(step="embed", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body)
+    files = {"reuse-from": Path(cfg.reuse_from) / "embed" / "embeddings.npy"} if cfg.reuse_from else None
+    execute(step="embed", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, files=files)

@@ -42,7 +42,7 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
                              "(`gencli run sample_data/pipeline.toml`) or point --workdir at one")
         if out_dir.resolve() == ws.root.resolve() or ws.root.resolve() in out_dir.resolve().parents:
             raise InputError(f"{out_dir} is inside the workdir {ws.root}; export to a folder outside it")
-        manifest = _export(ws, out_dir, model_step, max_history, force)
+        manifest = export_bundle(ws, out_dir, model_step, max_history, force)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode)
     size = sum(manifest["files"].values())
@@ -58,7 +58,19 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
                     f"{manifest['items']:,} items ({size / 1e6:.1f} MB) → {out_dir}")
 
 
-def _export(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -> dict:
+def source_digests(ws, step: str) -> dict[str, str]:
+    """The output digests of the steps a bundle of ``step``'s model is made of (recorded in gencli.json)."""
+    from gencli.steps import upstream
+
+    manifest = ws.manifest
+    sources = [*upstream("recommend", step)]
+    if step != "init-vocab":
+        sources.append("init-vocab")
+    return {name: manifest.get(name)["digest"] for name in dict.fromkeys(sources)
+            if manifest.get(name) and manifest.get(name).get("status") == "done"}
+
+
+def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -> dict:
     import polars as pl
 
     from gencli.cli.inputs import item_codes, model_artifacts, pick_model_step, trained_history
@@ -66,7 +78,6 @@ def _export(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -
     from gencli.core.infer.bundle import write_bundle
     from gencli.core.infer.recommend import DEFAULT_BEAMS, DEFAULT_K
     from gencli.errors import ArtifactError
-    from gencli.steps import upstream
 
     step = pick_model_step(ws, model_step, "recommend")
     model_dir, vocab_path = model_artifacts(ws, step, "export")
@@ -76,11 +87,7 @@ def _export(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -
         raise ArtifactError(f"quantize has SIDs for {len(codes)} items but ingest has {items.height}; "
                             "rerun `gencli quantize`")
     manifest = ws.manifest
-    sources = [*upstream("recommend", step)]
-    if step != "init-vocab":
-        sources.append("init-vocab")
-    digests = {name: manifest.get(name)["digest"] for name in dict.fromkeys(sources)
-               if manifest.get(name) and manifest.get(name).get("status") == "done"}
+    digests = source_digests(ws, step)
     metrics = {}
     for name in (step, "eval", "cold-eval"):
         entry = manifest.get(name)
@@ -89,7 +96,7 @@ def _export(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -
             if name == step or record["metrics"].get("model_step") == step:  # only scores of this very model
                 metrics[name] = record["metrics"]
     meta = {
-        "source": {"model_step": step, "steps": digests},
+        "source": {"model_step": step, "steps": digests, "workdir": str(ws.root.resolve())},
         "metrics": metrics,
         "decode": {"max_history": max_history or trained_history(ws, step), "k": DEFAULT_K, "beams": DEFAULT_BEAMS,
                    "exclude_seen": True},

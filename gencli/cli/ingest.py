@@ -36,4 +36,8 @@ def ingest(items_path, inter_path, workdir, json_mode, force, **options):
     require(cfg.format == "movielens" or inter_path is not None, f"--interactions is required for --format {cfg.format}",
             json_mode)
     files = {"items": items_path} | ({"interactions": inter_path} if inter_path else {})
-    execute(step="ingest", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, files=files)
+    metrics = execute(step="ingest", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, files=files)
+    if metrics.get("warnings") and not json_mode:  # --json carries them in metrics.warnings
+        from gencli.ui.output import print_warnings
+
+        print_warnings(metrics["warnings"])

@@ -59,3 +59,39 @@ def item_codes(ws, needed_by: str):
 
     qdir = ws.input_dir("quantize", needed_by)
     return store.load_item_codes(qdir), store.load_token_map(qdir)
+
+
+def previous_workspace(path: str | Path, option: str):
+    """A previous run's workdir named by ``option`` (--reuse-from, --warm-start, --previous): it must exist and
+    hold a manifest, or exit 2 naming it."""
+    from gencli.errors import InputError
+    from gencli.workspace import Workspace
+
+    root = Path(path)
+    if not (root / "manifest.json").is_file():
+        raise InputError(f"{option} {root}: not a gencli workdir (no manifest.json there); point it at the workdir "
+                         "of the previous run")
+    return Workspace(root)
+
+
+def previous_vectors(path: str, needed_by: str):
+    """The embed step of a previous workdir as :class:`~gencli.core.sid.incremental.PreviousVectors`."""
+    from gencli.core.data import tables
+    from gencli.core.sid import embed
+    from gencli.core.sid.incremental import PreviousVectors
+
+    prev = previous_workspace(path, "--reuse-from")
+    folder = prev.input_dir("embed", needed_by)
+    record = prev.step_record("embed")
+    # the previous run's own files must agree (its input files may have changed since: cron updates them in place)
+    read = record.get("inputs", {}).get("ingest/items.parquet", {}).get("sha256")
+    now = [o["sha256"] for o in prev.step_record("ingest").get("outputs", []) if o["path"] == "items.parquet"]
+    if read is None or [read] != now:
+        from gencli.errors import InputError
+
+        raise InputError(f"--reuse-from {path}: its embed step did not embed its current ingest/items.parquet; rerun "
+                         f"`gencli embed --workdir {path}` there, or drop --reuse-from")
+    items = tables.load_items(prev.input_dir("ingest", needed_by))
+    texts = tables.item_text(items, record["params"]["template"])
+    params = {**record["params"], "model_dim": record["metrics"].get("model_dim", 0)}
+    return PreviousVectors(texts, embed.load_embeddings(folder), params, prev.root)

@@ -25,10 +25,12 @@ from typing import Any
 
 import click
 
-from gencli.cli.common import JSON_OPTION, fail, workdir_option
+from gencli.cli.common import fail, workdir_option
+from gencli.cli.options import config_options
+from gencli.config import RunConfig
 
 # Options that name files: resolved relative to the config file's folder.
-PATH_OPTIONS = {"items", "interactions", "codebooks-from", "model"}
+PATH_OPTIONS = {"items", "interactions", "codebooks-from", "model", "reuse-from", "warm-start"}
 # Quick overrides: option -> the steps whose option of the same name it sets.
 OVERRIDES = {"init": ("init-vocab",), "model": ("init-vocab",), "seed": ("quantize", "init-vocab", "cpt", "sft")}
 
@@ -58,7 +60,7 @@ def load_pipeline(path: Path) -> dict[str, Any]:
         if s not in known:
             problems.append(f"unknown step {s!r} in `steps`; choose from {', '.join(known)}")
     for table in config:
-        if table != "steps" and table not in steps:
+        if table != "steps" and table not in steps and table not in RUN_KEYS:
             problems.append(f"table [{table}] is not a step listed in `steps` (typo?)")
     if problems:
         raise InputError(f"pipeline config {path}:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -92,28 +94,42 @@ def _off_switches(step: str) -> dict[str, str]:
             if isinstance(p, click.Option) and p.secondary_opts for opt in p.opts}
 
 
+RUN_KEYS = ("previous", "requantize", "promote", "promote-tolerance", "promote-users", "keep-bundles")
+"""Top-level keys of a pipeline TOML besides ``steps``: :class:`~gencli.config.RunConfig`, spelled as options."""
+
+
 @click.command()
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--init", default=None, help="Override init-vocab's --init (random, mean, centroid, gti).")
 @click.option("--model", default=None, help="Override init-vocab's --model (tiny, smollm2-135m or a folder).")
 @click.option("--seed", type=int, default=None, help="Override the seed of every seeded step.")
 @click.option("--set", "sets", multiple=True, metavar="STEP.OPTION=VALUE", help="Override any option, repeatable.")
+@config_options(RunConfig)
 @click.option("--force", is_flag=True, help="Rerun every step even when up to date.")
 @workdir_option
-@JSON_OPTION
-def run(config, init, model, seed, sets, force, workdir, json_mode):
+@click.option("--json", "json_mode", is_flag=True,
+              help="Print one JSON object at the end (every step's result, the retrain report, the promotion); "
+                   "no progress bars.")
+@click.pass_context
+def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **options):
     """Run the steps listed in a TOML config in order, skipping those that are up to date.
+
+    A nightly retrain passes --previous (yesterday's workdir or the promoted link) and --promote LINK; exit
+    codes: 0 done (and promoted), 4 done but not promoted, else the failing step's code (docs/cron.md).
 
     \b
     Examples:
       gencli run sample_data/pipeline.toml
       gencli run sample_data/pipeline.toml --init gti --set sft.epochs=3 --json
+      gencli run pipeline.toml --workdir runs/$(date +%F) --previous current --promote current
     """
     from gencli.cli import cli
     from gencli.errors import InputError
 
     try:
         pipeline = load_pipeline(config)
+        base = config.resolve().parent
+        run_cfg = _run_config(ctx, pipeline, options, base)
         tables = {s: dict(pipeline.get(s, {})) for s in pipeline["steps"]}
         for name, value in (("init", init), ("model", model), ("seed", seed)):
             if value is not None:
@@ -126,7 +142,13 @@ def run(config, init, model, seed, sets, force, workdir, json_mode):
             if s not in tables or not key or not _:
                 raise InputError(f"--set {item!r}: use STEP.OPTION=VALUE with a step listed in {config}")
             tables[s][key] = _parse_value(value)
-        base = config.resolve().parent
+        from gencli.cli.common import open_workspace
+        from gencli.cli.retrain import apply_previous, pin_previous, resolve_previous
+
+        root = open_workspace(workdir).root
+        previous = pin_previous(root, resolve_previous(run_cfg.previous) if run_cfg.previous else None)
+        if previous is not None:
+            apply_previous(tables, previous, run_cfg.requantize)
         step_argv = {step: step_args(step, tables[step], base) for step in pipeline["steps"]}
         check_args(step_argv, config)
     except Exception as e:  # noqa: BLE001
@@ -144,17 +166,73 @@ def run(config, init, model, seed, sets, force, workdir, json_mode):
         elif step != pipeline["steps"][0]:
             click.echo("")
         t0 = time.time()
+        code, result = _run_step(cli, args, json_mode)
+        if code == -1:  # a bad option in the config
+            fail(InputError(f"step '{step}' in {config}: {result['error']}"), json_mode)
+        entry = {"step": step, "seconds": round(time.time() - t0, 2)}
+        if json_mode:
+            entry.update({k: v for k, v in result.items() if k != "step"})
+        summary.append(entry)
+        if code:
+            if json_mode:
+                from gencli.ui.output import emit_json
+
+                emit_json({"status": "error", "exit_code": code, "failed_step": step, "error": result.get("error"),
+                           "seconds": round(time.time() - started, 2), "steps": summary})
+            else:
+                click.echo(f"pipeline stopped at '{step}' (exit {code})", err=True)
+            sys.exit(code)
+    extra: dict[str, Any] = {}
+    try:
+        from gencli.cli.retrain import promote, record_previous, retrain_report
+
+        record_previous(root, previous)
+        if previous is not None:
+            extra["retrain"] = retrain_report(root, previous, run_cfg.requantize)
+        if run_cfg.promote:
+            extra["promotion"] = promote(root, Path(run_cfg.promote), run_cfg.promote_tolerance,
+                                         run_cfg.promote_users, run_cfg.keep_bundles)
+    except Exception as e:  # noqa: BLE001
+        fail(e, json_mode)
+    _print_results(workdir, summary, time.time() - started, json_mode, extra)
+    if "promotion" in extra and not extra["promotion"]["promoted"]:
+        from gencli.errors import EXIT_NOT_PROMOTED
+
+        sys.exit(EXIT_NOT_PROMOTED)
+
+
+def _run_config(ctx: click.Context, pipeline: dict[str, Any], options: dict[str, Any], base: Path) -> RunConfig:
+    """RunConfig from the TOML's top-level keys, with the command line winning; paths relative to the config."""
+    values = {}
+    for key in RUN_KEYS:
+        if key in pipeline:
+            value = pipeline[key]
+            if key in ("previous", "promote") and isinstance(value, str) and value:
+                value = str(base / value)  # an absolute path stays as it is
+            values[key.replace("-", "_")] = value
+    for name, value in options.items():
+        if name not in values or ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            values[name] = value
+    return RunConfig(**values)
+
+
+def _run_step(cli: click.Group, args: list[str], json_mode: bool) -> tuple[int, dict[str, Any]]:
+    """Run one step command; (exit code, its JSON result in --json mode, where its stdout is captured so that
+    ``run --json`` prints one object). Exit code -1: click rejected an option."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out) if json_mode else contextlib.nullcontext():
         try:
             cli.main(args, prog_name="gencli", standalone_mode=False)
         except SystemExit as e:
-            if e.code:
-                if not json_mode:
-                    click.echo(f"pipeline stopped at '{step}' (exit {e.code})", err=True)
-                sys.exit(e.code)
-        except click.ClickException as e:  # a bad option in the config
-            fail(InputError(f"step '{step}' in {config}: {e.format_message()}"), json_mode)
-        summary.append({"step": step, "seconds": round(time.time() - t0, 2)})
-    _print_results(workdir, summary, time.time() - started, json_mode)
+            code = int(e.code or 0)
+        except click.ClickException as e:
+            return -1, {"error": e.format_message()}
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("{")]
+    return code, (json.loads(lines[-1]) if lines else {})
 
 
 def check_args(step_argv: dict[str, list[str]], config: Path) -> None:
@@ -181,7 +259,8 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _print_results(workdir: Path | None, summary: list[dict], seconds: float, json_mode: bool) -> None:
+def _print_results(workdir: Path | None, summary: list[dict], seconds: float, json_mode: bool,
+                   extra: dict[str, Any]) -> None:
     from gencli.cli.common import open_workspace
     from gencli.steps import REGISTRY
 
@@ -194,7 +273,7 @@ def _print_results(workdir: Path | None, summary: list[dict], seconds: float, js
     if json_mode:
         from gencli.ui.output import emit_json
 
-        emit_json({"status": "done", "seconds": round(seconds, 2), "steps": summary, "results": results})
+        emit_json({"status": "done", "seconds": round(seconds, 2), "steps": summary, "results": results, **extra})
         return
     from gencli.ui.output import console, ranking_blocks, results_table
 
@@ -208,3 +287,13 @@ def _print_results(workdir: Path | None, summary: list[dict], seconds: float, js
         from gencli.cli.recommend_io import show_examples
 
         show_examples(ws)  # what the tool is for: a few users' history and their top 5
+    if "retrain" in extra:
+        r = extra["retrain"]
+        c.print(f"retrain from {r['previous']}: items kept {r.get('items_kept', '-')}, added "
+                f"{r.get('items_added', '-')}, removed {r.get('items_removed', '-')}, SID changed "
+                f"{r.get('sid_changed', '-')}; embedded {r.get('embed.items_encoded', '-')} (reused "
+                f"{r.get('embed.items_reused', '-')}); init-vocab warm start from {r.get('init-vocab.warm_start_from')}")
+    if "promotion" in extra:
+        p = extra["promotion"]
+        verdict = "[green]promoted[/green]" if p["promoted"] else "[yellow]not promoted[/yellow] (exit 4)"
+        c.print(f"{verdict}: {p['reason']}; bundle {p['bundle']}")

@@ -33,8 +33,9 @@ def _options(f):
         click.option("--stdin", "from_stdin", is_flag=True,
                      help='Read JSON Lines {"user_id": ..., "history": [item ids]} from stdin; answers keep their '
                           "order (history may be left out for a workdir user)."),
-        click.option("--bundle", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Use a folder written by `gencli export` instead of a workdir."),
+        click.option("--bundle", type=click.Path(path_type=Path), default=None,
+                     help="Use a folder written by `gencli export` (or a pointer file holding its path, as "
+                          "`run --promote` keeps) instead of a workdir."),
         click.option("--output", default=None, metavar="FILE",
                      help="Write .parquet, .csv or .jsonl (by extension); '-' streams JSON Lines to stdout."),
     ]

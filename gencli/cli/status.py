@@ -79,7 +79,7 @@ def status(workdir, json_mode):
                 f"[yellow]{escape(row['stale_reason'])}[/yellow]"
         if row.get("last_failure") and row["state"] != "done":
             failure = row["last_failure"]
-            resume = " (resumable: rerun with --resume)" if failure.get("resumable") else ""
+            resume = " (resumable: rerun the same command to continue)" if failure.get("resumable") else ""
             shown = f"[red]{escape(failure['error'][:80])}{resume}[/red]"
         secs = f"{row['seconds']:.1f}s" if row["seconds"] is not None else ""
         state = row["state"]

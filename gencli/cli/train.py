@@ -17,7 +17,8 @@ def _train_options(step: str):
     def decorate(f):
         f = step_options(f)
         f = click.option("--stamp", is_flag=True, help="STAMP: --sap and --map together.")(f)
-        f = click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint.")(f)
+        f = click.option("--resume", is_flag=True, help="Continue an interrupted run from its last checkpoint (a plain rerun with unchanged options and "
+                         "inputs does so by itself).")(f)
         return config_options(TrainConfig, step=step)(f)
 
     return decorate
@@ -50,7 +51,7 @@ def cpt(workdir, json_mode, force, resume, **options):
         items = tables.load_items(ws.input_dir("ingest", "cpt"))
         codes, _ = item_codes(ws, "cpt")
         texts = tables.item_text(items, tables.CPT_TEXT_TEMPLATE)
-        return core.run(cfg, model_dir, vocab_path, codes, texts, run.out_dir, progress, resume=resume)
+        return core.run(cfg, model_dir, vocab_path, codes, texts, run.out_dir, progress, resume=run.resume)
 
     execute(step="cpt", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, resume=resume)
 
@@ -83,7 +84,7 @@ def sft(workdir, json_mode, force, resume, **options):
         ingest_dir = ws.input_dir("ingest", "sft")
         codes, _ = item_codes(ws, "sft")
         metrics = core.run(cfg, model_dir, vocab_path, codes, tables.load_split(ingest_dir, "train"),
-                           tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=resume)
+                           tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=run.resume)
         return {"started_from": chosen["step"], **metrics}
 
     execute(step="sft", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body,

@@ -99,3 +99,12 @@ def print_error(message: str, code: int) -> None:
 
     c = console(stderr=True)
     c.print(f"[bold red]error[/bold red] (exit {code}): {escape(message)}", soft_wrap=True)
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """One ``warning:`` line per entry on stderr (a step's metrics carry them; --json shows them there)."""
+    from rich.markup import escape
+
+    c = console(stderr=True)
+    for message in warnings:
+        c.print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)

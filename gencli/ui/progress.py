@@ -9,12 +9,55 @@ from contextlib import contextmanager
 
 from gencli.core.progress import SILENT, Advance, Progress
 
+LOG_EVERY_S = 10.0  # a log line at most this often per task (GENCLI_PROGRESS_EVERY overrides)
+
 
 def wants_progress(json_mode: bool) -> bool:
     """Bars only on an interactive terminal, never in --json mode or CI."""
     if json_mode or os.environ.get("CI") or os.environ.get("GENCLI_NO_PROGRESS"):
         return False
     return sys.stderr.isatty()
+
+
+class LogProgress:
+    """Off a terminal (cron logs): one plain line on stderr when a task starts, then at most every
+    ``every`` seconds (done/total, rate, elapsed), and one when it ends; no control characters."""
+
+    def __init__(self, every: float = LOG_EVERY_S) -> None:
+        self.every = every
+
+    @contextmanager
+    def track(self, description: str, total: int | None = None) -> Iterator[Advance]:
+        import time
+
+        start = last = time.monotonic()
+        done = 0
+        self._line(f"{description}: started" + (f" ({total:,} to do)" if total else ""))
+
+        def advance(n: int = 1) -> None:
+            nonlocal done, last
+            done += n
+            now = time.monotonic()
+            if now - last >= self.every:
+                last = now
+                self._line(f"{description}: {self._count(done, total)}, {done / max(now - start, 1e-9):,.1f}/s, "
+                           f"{now - start:,.0f} s")
+
+        yield advance
+        self._line(f"{description}: done {self._count(done, total)} in {time.monotonic() - start:,.1f} s")
+
+    @staticmethod
+    def _count(done: int, total: int | None) -> str:
+        return f"{done:,}/{total:,} ({100 * done / total:.0f}%)" if total else f"{done:,}"
+
+    def _line(self, text: str) -> None:
+        import time
+
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+        sys.stderr.flush()
+
+    def log(self, message: str) -> None:
+        self._line(message)
 
 
 class RichProgress:
@@ -48,4 +91,10 @@ class RichProgress:
 
 
 def make_progress(json_mode: bool) -> Progress:
-    return RichProgress() if wants_progress(json_mode) else SILENT
+    """Bars on a terminal; periodic lines on stderr off one (cron logs); nothing in --json mode, CI or tests
+    (GENCLI_NO_PROGRESS)."""
+    if wants_progress(json_mode):
+        return RichProgress()
+    if json_mode or os.environ.get("CI") or os.environ.get("GENCLI_NO_PROGRESS"):
+        return SILENT
+    return LogProgress(float(os.environ.get("GENCLI_PROGRESS_EVERY") or LOG_EVERY_S))

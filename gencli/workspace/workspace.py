@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gencli.errors import ArtifactError, InputError, LockedError
+from gencli.steps import resumable
 from gencli.workspace.env import package_versions
 from gencli.workspace.hashing import describe_outputs, sha256_file, sha256_json
 from gencli.workspace.journal import STAGING, STEP_JSON, pending, settle, write_journal
@@ -38,6 +39,9 @@ class StepRun:
     params: dict[str, Any]
     started: float = field(default_factory=time.time)
     up_to_date: bool = False
+    resume: bool = False
+    """Continue from the checkpoints in ``out_dir``: asked for (``--resume``), or a plain rerun of a killed or
+    crashed resumable step with the same options and inputs (what cron does)."""
 
 
 class Workspace:
@@ -201,7 +205,8 @@ class Workspace:
             ):
                 run.up_to_date = True
                 return run
-            if run.out_dir.exists() and not resume:
+            run.resume = resume or (not force and resumable(name) and _same_attempt(run.out_dir, fingerprint))
+            if run.out_dir.exists() and not run.resume:
                 shutil.rmtree(run.out_dir)
             run.out_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(run.out_dir / STEP_JSON, self._record(run, status="running"))
@@ -256,6 +261,14 @@ class Workspace:
             "fingerprint": run.fingerprint,
             "error": error,
         }
+
+
+def _same_attempt(staging: Path, fingerprint: str) -> bool:
+    """True when ``staging`` holds an unfinished attempt at the same step with the same options and inputs."""
+    try:
+        return read_json(staging / STEP_JSON, "step record").get("fingerprint") == fingerprint
+    except (ArtifactError, AttributeError):
+        return False
 
 
 def _file_changed(path: Path, recorded: dict[str, Any]) -> bool:

@@ -27,7 +27,7 @@ variant() {  # init seed
   grep -qs '"status": "done"' "$w/sft/step.json" && return 0
   rm -rf "$w"; cp -r "$SHARED" "$w"
   gencli --threads 1 init-vocab --model tiny --init "$1" --seed "$2" --workdir "$w" --json > "$w.init-vocab.json" &&
-  gencli --threads 1 sft --max-steps 400 --batch-size 32 --lr 0.003 --max-history 10 --eval-every 50 \
+  gencli --threads 1 sft --max-steps 400 --patience 0 --batch-size 32 --lr 0.003 --max-history 10 --eval-every 50 \
     --eval-users 100 --eval-beams 10 --seed "$2" --workdir "$w" --json > "$w.sft.json"
 }
 for seed in $SEEDS; do

@@ -103,7 +103,7 @@ def test_rerun_skips_everything(piped):
     manifest = (wd / "manifest.json").read_bytes()
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0
-    statuses = [json.loads(line)["status"] for line in result.stdout.strip().splitlines()[:-1]]
+    statuses = [s["status"] for s in json.loads(result.stdout)["steps"]]  # one JSON object
     assert statuses == ["up-to-date"] * 8
     assert (wd / "manifest.json").read_bytes() == manifest
 
@@ -115,7 +115,7 @@ def test_override_reruns_from_the_changed_step(piped, tmp_path):
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json", "--init", "mean",
                                       "--set", "sft.max-steps=6"])
     assert result.exit_code == 0, result.output
-    statuses = [json.loads(line)["status"] for line in result.stdout.strip().splitlines()[:-1]]
+    statuses = [s["status"] for s in json.loads(result.stdout)["steps"]]
     assert statuses == ["up-to-date"] * 3 + ["done"] * 5
     assert json.loads((wd / "init-vocab" / "step.json").read_text())["params"]["init"] == "mean"
 
@@ -136,7 +136,8 @@ def _sft_args(wd: Path) -> list[str]:
 
 @pytest.mark.slow  # ~30 s of subprocesses; tests/core/test_engine.py's resume tests cover the engine in-process
 def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
-    """SIGKILL an sft mid-run, --resume it, and get exactly the metrics of an uninterrupted run."""
+    """SIGKILL an sft mid-run, rerun the same command (what cron does), and get exactly the metrics of an
+    uninterrupted run."""
     _, wd0, _, _ = piped
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     for wd in (straight, killed):
@@ -147,7 +148,7 @@ def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     assert ok.returncode == 0, ok.stderr
     expected = json.loads(ok.stdout.strip().splitlines()[-1])["metrics"]
 
-    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_sft_args(killed), "--force"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_sft_args(killed)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = killed / ".staging" / "sft" / "checkpoints"
     deadline = time.time() + 300
@@ -161,7 +162,7 @@ def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     status = CliRunner().invoke(cli, ["status", "--workdir", str(killed), "--json"])
     assert _json(status)["steps"][5]["state"] in ("done", "stale")  # the earlier finished sft is still there
 
-    resumed = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(killed), "--resume"], capture_output=True,
+    resumed = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(killed)], capture_output=True,
                              text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     got = json.loads(resumed.stdout.strip().splitlines()[-1])["metrics"]

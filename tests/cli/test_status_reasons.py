@@ -25,7 +25,7 @@ def test_status_names_a_resumable_failure_and_a_stale_reason(tmp_path):
 
     table = CliRunner().invoke(cli, ["status", "--workdir", str(tmp_path / "w")])
     assert table.exit_code == 0, table.output
-    assert "killed at step 40 (resumable: rerun with --resume)" in table.output
+    assert "killed at step 40 (resumable: rerun the same command to continue)" in table.output
     assert f"input file {src} changed" in table.output
     rows = {r["step"]: r for r in json.loads(CliRunner().invoke(
         cli, ["status", "--workdir", str(tmp_path / "w"), "--json"]).output)["steps"]}

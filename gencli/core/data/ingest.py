@@ -26,6 +26,10 @@ from gencli.core.data.readers import LINE, MAX_LISTED, Problems, RawTable, read_
 from gencli.core.data.split import add_stats, filter_events, index_tables, raise_no_events, split_events
 from gencli.core.progress import SILENT, Progress
 
+# the item text embed (default template) and the language model read; an item with none of them has no text
+TEXT_COLUMNS = ("title", "category", "description")
+
+
 # every stats key that counts something dropped, present (0) whatever the format and options
 DROPPED = (
     "dropped_duplicate_items",
@@ -47,7 +51,7 @@ def run(cfg: IngestConfig, items: Path, interactions: Path | None, out_dir: Path
     Raises :class:`~gencli.errors.InputError` listing every problem of the inputs before writing anything.
     """
     items, interactions = Path(items), Path(interactions) if interactions is not None else None
-    stats: dict = {"format": cfg.format, **dict.fromkeys(DROPPED, 0)}
+    stats: dict = {"format": cfg.format, **dict.fromkeys(DROPPED, 0), "warnings": []}
     with progress.track("reading input", 2) as advance:
         item_table, inter_table = _read(cfg, items, interactions, stats)
         advance(2)
@@ -181,11 +185,29 @@ def _validate(
             f"{len(ids)} item ids missing from {item_table.path.name}: {quote_list(ids)}",
             f"add these items to {item_table.path.name} or remove those interactions",
         )
+    _check_text(item_table, catalog, problems, stats)
     events = _parse_numbers(events, inter_table, problems, stats)
     problems.raise_if_any()
     if events.height == 0:
         raise_no_events(inter_table, "the interaction log has no usable rows")
     return catalog, events
+
+
+def _check_text(table: RawTable, catalog: pl.DataFrame, problems: Problems, stats: dict) -> None:
+    """Items with no text in any of :data:`TEXT_COLUMNS` get one warning with their count and lines (embed gives
+    them all the same vector); a catalog where no item has text is a problem (embed and the tiny LM need text)."""
+    columns = [c for c in TEXT_COLUMNS if c in catalog.columns]
+    names = ", ".join(table.source_name(c) for c in columns)
+    empty = _lines(catalog, pl.all_horizontal([_blank(c) for c in columns]))
+    stats["items_without_text"] = len(empty)
+    if catalog.height and len(empty) == catalog.height:
+        problems.add(table.path, f"no item has any text in {names} (all {catalog.height} rows are empty there)",
+                     f"fill in {names} for the items: embed and the language model read them")
+    elif empty:
+        stats["warnings"].append(
+            f"{table.path}: {len(empty)} of {catalog.height} items have no text ({names} all empty) at "
+            f"{table.where(empty)}; embed gives them one and the same vector: fill in their {names}"
+        )
 
 
 def _parse_numbers(events: pl.DataFrame, table: RawTable, problems: Problems, stats: dict) -> pl.DataFrame:

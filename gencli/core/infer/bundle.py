@@ -51,6 +51,9 @@ def write_bundle(
         raise InputError(f"{out_dir} is a file; give a folder path for the bundle")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
+    from gencli.core.lm.backbone import check_model_folder
+
+    check_model_folder(model_dir)  # a bundle without weights would only fail where it is used
     codes = np.asarray(codes, dtype=np.int64)
     staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     if staging.exists():
@@ -90,9 +93,20 @@ def _bad(path: Path, why: str) -> ArtifactError:
     return ArtifactError(f"bundle {path}: {why}; re-export it with `gencli export`")
 
 
+def follow_pointer(path: Path) -> Path:
+    """A bundle folder, or a pointer file holding one's path (what ``gencli run --promote`` switches) -> the folder."""
+    path = Path(path)
+    if path.is_file():
+        target = path.read_text(encoding="utf-8").strip()
+        if not target or "\n" in target:
+            raise InputError(f"{path} is neither a bundle folder nor a pointer file holding one bundle path")
+        return Path(target)
+    return path
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """gencli.json of a bundle, checked: a known format_version, every listed file present at its size."""
-    path = Path(path)
+    path = follow_pointer(path)
     if not path.is_dir():
         raise InputError(f"bundle folder {path} does not exist; create one with `gencli export {path}`")
     meta_path = path / BUNDLE_JSON
@@ -173,6 +187,7 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     from gencli.core.lm.backbone import load_model
     from gencli.core.lm.prompt import load_sid_vocab
 
+    path = follow_pointer(path)
     meta = read_manifest(path)
     items = read_items(path)
     try:

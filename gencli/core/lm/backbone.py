@@ -178,16 +178,15 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     path = Path(path)
     device = resolve_device(device) if isinstance(device, str) else device
     dtype = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
-    if not (path / "config.json").is_file():
-        raise ArtifactError(f"model folder {path} has no config.json (missing or half-written); rerun the step "
-                            "that wrote it (e.g. gencli init-vocab --force)")
+    check_model_folder(path)
+    fix = _rerun_hint(path)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except Exception as exc:  # transformers raises OSError/ValueError/safetensors errors alike
-        raise ArtifactError(f"cannot load the model folder {path}: {type(exc).__name__}: {exc}; it is corrupt or "
-                            "half-written, rerun the step that wrote it (e.g. gencli init-vocab --force)") from exc
+        raise ArtifactError(f"cannot load the model folder {path} ({type(exc).__name__}: {exc}): it is corrupt or "
+                            f"half-written; {fix}") from exc
     if model.config.vocab_size < min_vocab:
         raise ArtifactError(
             f"the model in {path} has {model.config.vocab_size} tokens but sid_vocab.json uses ids up to "
@@ -196,6 +195,29 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_model_folder(path: Path) -> None:
+    """ArtifactError naming the folder and the step to rerun when it lacks its config or its weights."""
+    path, fix = Path(path), _rerun_hint(Path(path))
+    if not (path / "config.json").is_file():
+        why = "deleted or half-written" if path.is_dir() else "the folder is missing"
+        raise ArtifactError(f"model folder {path} has no config.json ({why}); {fix}")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ArtifactError(f"model folder {path} has no weights ({WEIGHT_FILES[0]} is missing); {fix}")
+
+
+def _rerun_hint(path: Path) -> str:
+    """The fix for a damaged model folder: rerun the step whose folder holds it (a workdir's ``<step>/model``)."""
+    from gencli.steps import step_order
+
+    step = path.parent.name
+    if step in step_order():
+        return f"rerun `gencli {step} --force`"
+    return "rerun the step that wrote it (e.g. `gencli init-vocab --force`)"
 
 
 def special_ids(tokenizer) -> dict[str, int | None]:

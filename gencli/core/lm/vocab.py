@@ -157,7 +157,7 @@ def _rescale(delta: torch.Tensor, spread: float) -> torch.Tensor:
     return delta * (spread / norm) if norm > 0 else delta
 
 
-def _check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np.ndarray], sids: np.ndarray,
+def check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np.ndarray], sids: np.ndarray,
                   token_map: dict) -> list[int]:
     """Every inconsistency between the quantize artifacts at once; returns the per-level sizes."""
     problems: list[str] = []
@@ -261,7 +261,7 @@ def run(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sids = np.asarray(sids)
-    levels = _check_inputs(cfg, item_texts, codebooks, sids, token_map)
+    levels = check_inputs(cfg, item_texts, codebooks, sids, token_map)
     device = resolve_device(cfg.device)
     model, tokenizer = load_model(Path(base_dir), device, torch.float32)
     emb = model.get_input_embeddings()

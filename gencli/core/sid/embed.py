@@ -18,6 +18,7 @@ import numpy as np
 from gencli.config import EmbedConfig
 from gencli.core import artifacts
 from gencli.core.progress import SILENT, Progress
+from gencli.core.sid.incremental import PreviousVectors, match_texts
 from gencli.errors import InputError
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
@@ -54,9 +55,14 @@ def resolve_model_path(spec: str) -> Path:
     return path
 
 
-def load_encoder(path: Path, device: str):
-    """A SentenceTransformer loaded from a local folder only (no network)."""
+def load_encoder(path: Path, device: str, backend: str = "torch", precision: str = "float32"):
+    """A SentenceTransformer loaded from a local folder only (no network), or a faster backend's equivalent
+    (:mod:`gencli.core.sid.encoders`) with the same ``encode``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if (backend, precision) != ("torch", "float32"):
+        from gencli.core.sid import encoders
+
+        return encoders.load(path, backend, precision, device)
     from sentence_transformers import SentenceTransformer
 
     from gencli.core.device import resolve_device
@@ -88,25 +94,51 @@ def normalise(x: np.ndarray, dim: int = 0) -> np.ndarray:
     return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
 
 
-def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
-    """Embed ``texts`` (item order = item index) into ``out_dir/embeddings.npy``."""
+def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = SILENT,
+        previous: PreviousVectors | None = None) -> dict[str, Any]:
+    """Embed ``texts`` (item order = item index) into ``out_dir/embeddings.npy``.
+
+    With ``previous`` (a retrain's ``--reuse-from``), texts it already encoded with the same model, template
+    and dim take its vectors, and only the others are encoded (the encoder is not even loaded when none is new).
+    """
     if not texts:
         raise InputError("there are no items to embed; check the ingest step's items.parquet")
     path = resolve_model_path(cfg.model)
-    model = load_encoder(path, cfg.device)
-    dim_of = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    model_dim = int(dim_of() or 0)
-    if cfg.dim and model_dim and cfg.dim > model_dim:
-        raise InputError(f"--dim {cfg.dim} is larger than the model's {model_dim} dimensions; use --dim <= {model_dim}")
-    raw = encode(model, texts, cfg.batch_size, progress)
-    vectors = normalise(raw, cfg.dim)
+    params = {"model": cfg.model, "template": cfg.template, "dim": cfg.dim}
+    skipped = previous.mismatch(params) if previous is not None else None
+    rows = match_texts(texts, previous) if previous is not None and skipped is None else np.full(len(texts), -1)
+    todo = np.flatnonzero(rows < 0)
+    model_dim = int(previous.params.get("model_dim", 0)) if previous is not None and skipped is None else 0
+    if todo.size:
+        model = load_encoder(path, cfg.device, cfg.backend, cfg.precision)
+        dim_of = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        model_dim = int(dim_of() or 0)
+        if cfg.dim and model_dim and cfg.dim > model_dim:
+            raise InputError(f"--dim {cfg.dim} is larger than the model's {model_dim} dimensions; use --dim <= "
+                             f"{model_dim}")
+        fresh = normalise(encode(model, [texts[i] for i in todo], cfg.batch_size, progress), cfg.dim)
+    if todo.size == len(texts):
+        vectors = fresh
+    else:
+        vectors = np.empty((len(texts), previous.vectors.shape[1]), dtype=np.float32)
+        reused = rows >= 0
+        vectors[reused] = previous.vectors[rows[reused]]
+        if todo.size:
+            vectors[todo] = fresh
     np.save(out_dir / artifacts.EMBEDDINGS, vectors)
     info = {"model": cfg.model, "model_path": str(path), "model_dim": model_dim, "dim": int(vectors.shape[1]),
-            "template": cfg.template, "normalised": True, "matryoshka_truncated": bool(cfg.dim)}
+            "template": cfg.template, "normalised": True, "matryoshka_truncated": bool(cfg.dim),
+            "backend": cfg.backend, "precision": cfg.precision}
     (out_dir / EMBED_INFO).write_text(json.dumps(info, indent=2) + "\n")
     empty = sum(1 for t in texts if not t.strip())
-    return {"items": int(vectors.shape[0]), "dim": int(vectors.shape[1]), "model": cfg.model, "model_dim": model_dim,
-            "empty_texts": empty, "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1)}
+    metrics = {"items": int(vectors.shape[0]), "dim": int(vectors.shape[1]), "model": cfg.model,
+               "model_dim": model_dim, "empty_texts": empty,
+               "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1), "items_encoded": int(todo.size),
+               "backend": cfg.backend, "precision": cfg.precision}
+    if previous is not None:
+        metrics.update(items_reused=int(len(texts) - todo.size), reuse_from=str(previous.source),
+                       reuse_skipped=skipped)
+    return metrics
 
 
 def load_embeddings(step_dir: Path) -> np.ndarray:
@@ -118,8 +150,9 @@ def load_embeddings(step_dir: Path) -> np.ndarray:
         x = np.load(path)
     except FileNotFoundError:
         raise ArtifactError(f"{path} is missing; rerun `gencli embed --force`") from None
-    except (ValueError, OSError) as e:
-        raise ArtifactError(f"{path} is corrupt ({e}); rerun `gencli embed --force`") from None
+    except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file
+        raise ArtifactError(f"{path} is corrupt ({e}): it was cut short or overwritten; "
+                            "rerun `gencli embed --force`") from None
     if x.ndim != 2 or x.dtype != np.float32:
         raise ArtifactError(f"{path} must be a float32 matrix, found {x.dtype} {x.shape}; rerun `gencli embed --force`")
     return x

@@ -47,16 +47,17 @@ class Control:
 
 
 class StepPlan:
-    """When to log, evaluate and checkpoint (transformers' DefaultFlowCallback)."""
+    """When to log, evaluate and checkpoint (transformers' DefaultFlowCallback); ``eval_every`` is the resolved
+    validation interval in steps (:func:`~gencli.core.train.step.eval_interval`, 0 = at the end only)."""
 
-    def __init__(self, cfg: TrainConfig, evaluates: bool):
-        self.cfg, self.evaluates = cfg, evaluates
+    def __init__(self, cfg: TrainConfig, evaluates: bool, eval_every: int):
+        self.cfg, self.evaluates, self.eval_every = cfg, evaluates, eval_every
 
     def on_step_end(self, state: TrainState, control: Control) -> None:
         step, last = state.global_step, state.global_step >= state.max_steps
         every = lambda n: n > 0 and step % n == 0  # noqa: E731
         control.should_log = last or every(self.cfg.log_every)
-        control.should_evaluate = self.evaluates and (last or every(self.cfg.eval_every))
+        control.should_evaluate = self.evaluates and (last or every(self.eval_every))
         control.should_save = last or every(self.cfg.save_every) or (self.cfg.save_every == 0 and control.should_evaluate)
 
 

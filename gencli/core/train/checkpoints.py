@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gencli.config import TrainConfig, to_dict
-from gencli.core.lm.backbone import quiet_transformers
+from gencli.core.lm.backbone import WEIGHT_FILES, quiet_transformers
 from gencli.errors import ArtifactError, InputError
 
 TRAINER_STATE_NAME = "trainer_state.pt"
@@ -102,14 +102,41 @@ def hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Copy the weights of an HF folder into ``model`` in place (the optimizer keeps its tensors)."""
+    """Copy the weights of an HF folder into ``model`` in place (the optimizer keeps its tensors).
+
+    A checkpoint missing its config or weights, or one that does not load into ``model``, raises
+    :class:`ArtifactError` naming it (without a config transformers would build a default-sized model)."""
+    fix = _start_over(path)
+    if not (path / "config.json").is_file():
+        raise ArtifactError(f"checkpoint {path} is incomplete: config.json is missing; {fix}")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ArtifactError(f"checkpoint {path} is incomplete: {WEIGHT_FILES[0]} is missing; {fix}")
     dtype = next(model.parameters()).dtype
     try:
         with quiet_transformers():
             loaded = type(model).from_pretrained(path, dtype=dtype)
+        model.load_state_dict(loaded.state_dict())
     except Exception as exc:  # noqa: BLE001 - any load failure means a corrupt checkpoint
-        raise ArtifactError(f"checkpoint {path} cannot be loaded ({exc}); delete it and resume again") from None
-    model.load_state_dict(loaded.state_dict())
+        raise ArtifactError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}); {fix}") from None
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    """The ``trainer_state.pt`` of checkpoint ``path``; a cut-short or unreadable one raises ArtifactError."""
+    file = path / TRAINER_STATE_NAME
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/EOFError/UnpicklingError alike
+        raise ArtifactError(f"checkpoint file {file} cannot be read ({type(exc).__name__}: {exc}); "
+                            f"{_start_over(path)}") from None
+
+
+def _start_over(checkpoint: Path) -> str:
+    """The fix for a damaged checkpoint: training cannot resume from it, so start the step over."""
+    from gencli.steps import step_order
+
+    step = checkpoint.parent.parent.name  # <workdir>/.staging/<step>/checkpoints/step-NNNNNN
+    again = f"`gencli {step} --force`" if step in step_order() else "the same command"
+    return f"training cannot resume from it: start over with {again} (without --resume)"
 
 
 class MetricsLog:

@@ -49,12 +49,21 @@ from gencli.core.train.checkpoints import (
     checkpoint_step,
     hf_writer,
     list_checkpoints,
+    load_trainer_state,
     load_weights,
     rng_state,
     save_atomic,
     set_rng_state,
 )
-from gencli.core.train.step import StepResult, default_param_groups, lr_factor, make_loss, plan_steps, train_step
+from gencli.core.train.step import (
+    StepResult,
+    default_param_groups,
+    eval_interval,
+    lr_factor,
+    make_loss,
+    plan_steps,
+    train_step,
+)
 from gencli.errors import InputError
 
 
@@ -103,8 +112,10 @@ def fit(
     amp_dtype = resolve_dtype(cfg.dtype, device)
     model.to(device)
     loss_fn = loss_fn or make_loss(resolve(model, cfg.stamp))
+    eval_every = eval_interval(cfg, len(dataset))
     run = _Run(model, cfg, len(dataset), param_groups or default_param_groups(model, cfg.weight_decay), device,
-               amp_dtype, [StepPlan(cfg, evaluate is not None), *callbacks], hf_writer(model, tokenizer), ckpt_dir)
+               amp_dtype, [StepPlan(cfg, evaluate is not None, eval_every), *callbacks], hf_writer(model, tokenizer),
+               ckpt_dir)
     random.seed(cfg.seed)  # nothing in the loop draws randomness today; seeded so future dropout & co. replay
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -158,6 +169,7 @@ def fit(
         "steps": state.global_step,
         "max_steps": state.max_steps,
         "warmup_steps": run.warmup,
+        **({"eval_every": eval_every} if evaluate is not None else {}),
         "epochs": round(state.epoch_float, 4),
         "examples": len(dataset),
         "train_loss": last_loss,
@@ -258,7 +270,7 @@ class _Run:
 
     def restore(self, checkpoint: Path) -> None:
         """Continue exactly where ``checkpoint`` left off: weights, optimizer, schedule, RNG, callbacks, data position."""
-        saved = torch.load(checkpoint / TRAINER_STATE_NAME, map_location="cpu", weights_only=True)
+        saved = load_trainer_state(checkpoint)
         check_resumable(saved, self.cfg, self.n_examples, checkpoint)
         load_weights(self.model, checkpoint)
         self.optimizer.load_state_dict(saved["optimizer"])

@@ -12,10 +12,12 @@ With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
 constrained decoder never considers anything else, while the head matmul shrinks
 from the whole base vocabulary to the SID rows.
 
-Validation: a seeded subsample of ``cfg.eval_users`` users of the valid split is
-decoded with the constrained beam search (``cfg.eval_beams`` beams) every
-``cfg.eval_every`` steps and at the end; the best Recall@5 is kept in ``best/``
-and becomes ``model/``.
+Validation: the valid split's users (a seeded subsample of ``cfg.eval_users`` when
+there are more) are decoded with the constrained beam search (``cfg.eval_beams``
+beams) every ``cfg.eval_every`` steps, or ``cfg.evals_per_epoch`` times per epoch,
+and at the end; the best Recall@5 is kept in ``best/`` and becomes ``model/``. By
+default sft trains to the plateau: a high epoch cap (``cfg.epoch_budget``) that
+early stopping (``cfg.patience`` validations without a new best) ends first.
 """
 
 from __future__ import annotations
@@ -90,8 +92,9 @@ class SftExamples:
 
 def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
                device: torch.device, prune: StampConfig | None = None) -> Callable[[torch.nn.Module], dict[str, Any]]:
-    """sft's validation: Recall@5 (and @10, @20 when the beam allows) of a seeded subsample of ``cfg.eval_users``
-    valid users, decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as ``gencli eval``."""
+    """sft's validation: Recall@5 (and @10, @20 when the beam allows) of the valid users (a seeded subsample of
+    ``cfg.eval_users`` above that many), decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as
+    ``gencli eval``."""
     evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.eval_users,
                           seed=cfg.seed, name="valid split")
     # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding

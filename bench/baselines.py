@@ -1,0 +1,353 @@
+"""gencli next to SASRec (RecBole 1.2.1) and the popularity ranking, on exactly gencli's leave-one-out split.
+
+Per dataset one shared workdir runs ingest (+ embed + quantize for gencli). Its split is exported to RecBole
+atomic files that RecBole uses as they are (``benchmark_filename``; bench/recbole_runner.py); the rows
+RecBole's dataloaders present are checked against gencli's tables, and SASRec's full-item scores are ranked
+and scored here with gencli's own metric functions (no history masking, as in gencli eval). SASRec runs in
+a venv of its own (bench/.cache/venvs/recbole, created once), never in gencli's environment.
+
+    python bench/baselines.py --dataset sample,ml100k --seeds 0,1,2
+    python bench/baselines.py --dataset sample --skip-gencli             # SASRec + popularity only
+    python bench/baselines.py --skip-sasrec --sft "max-steps=2,batch-size=8" --inits centroid --seeds 0
+    python bench/baselines.py --table                                     # table of the cached runs
+
+gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
+quantize and init-vocab use sample_data/pipeline.toml's settings. Every finished run is cached in
+``--out`` (atomic rewrite), keyed by the split's digest and the options, so a rerun skips it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import CACHE, REPO, gencli, ingest_args, write_json_atomic
+
+KS = (5, 10, 20)
+METRICS = [f"{m}@{k}" for m in ("recall", "ndcg") for k in KS]
+INITS = ("centroid", "random", "gti")
+# Non-sft settings of sample_data/pipeline.toml, used for every dataset.
+QUANTIZE = ["quantize", "--levels", "3", "--codes", "64", "--seed", "0"]
+EVAL = ["eval", "--beams", "20", "--k", ",".join(map(str, KS))]
+VENV = CACHE / "venvs" / "recbole"
+SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
+# Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
+VENV_PINS = [["torch==2.13.0"],
+             ["recbole==1.2.1", "numpy<2", "setuptools<81", "pyarrow<20", "pandas<2.2"]]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="sample,ml100k", help="sample, ml100k or both (comma-separated)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")
+    p.add_argument("--sft", default="", help='extra gencli sft options, e.g. "max-steps=400,lr=0.003,stamp"')
+    p.add_argument("--eval", default="", help='extra gencli eval options, e.g. "max-users=200"')
+    p.add_argument("--skip-sasrec", action="store_true", help="no RecBole venv, no SASRec")
+    p.add_argument("--skip-gencli", action="store_true", help="only ingest, SASRec and popularity")
+    p.add_argument("--sasrec-epochs", type=int, default=0, help="cap SASRec epochs (0 = RecBole's default, 300)")
+    p.add_argument("--torch-index-url", default="", help="extra pip index for the venv's torch, e.g. "
+                   "https://download.pytorch.org/whl/cpu where no local CPU wheel exists (avoids the CUDA build)")
+    p.add_argument("--workroot", type=Path, default=CACHE / "baselines")
+    p.add_argument("--out", type=Path, default=CACHE / "baselines" / "results.json")
+    p.add_argument("--table", action="store_true", help="only print the table of --out")
+    return p.parse_args(argv)
+
+
+def options(spec: str) -> list[str]:
+    """'a=1,b-c=x,flag' -> ['--a', '1', '--b-c', 'x', '--flag']."""
+    out: list[str] = []
+    for part in filter(None, (s.strip() for s in spec.split(","))):
+        name, eq, value = part.partition("=")
+        out += [f"--{name.strip().removeprefix('--')}", *([value.strip()] if eq else [])]
+    return out
+
+
+def expected_rows(ingest_dir: Path) -> dict[str, Any]:
+    """gencli's split as plain lists (train sequences; (user, history, target) of valid and test), checked to be
+    leave-one-out: valid history = train sequence, test history = train sequence + valid target."""
+    from gencli.core.data import tables
+
+    train, valid, test = (tables.load_split(ingest_dir, s) for s in ("train", "valid", "test"))
+    split = {"n_items": tables.load_items(ingest_dir).height, "users": train["user_idx"].to_list(),
+             "train": train["sequence"].to_list()}
+    for name, df in (("valid", valid), ("test", test)):
+        columns = (df[c].to_list() for c in ("user_idx", "history", "target"))
+        split[name] = list(zip(*columns, strict=True))
+    seqs = dict(zip(split["users"], split["train"], strict=True))
+    bad = [u for (u, hv, tv), (u2, ht, _) in zip(split["valid"], split["test"], strict=True)
+           if u != u2 or hv != seqs[u] or ht != seqs[u] + [tv]]
+    if bad or len(split["valid"]) != len(seqs):
+        raise RuntimeError(f"gencli's split is not leave-one-out for users {bad[:5]} (of {len(bad)})")
+    return split
+
+
+def split_lines(split: dict[str, Any], max_len: int = SASREC_MAX_LEN) -> dict[str, list[str]]:
+    """RecBole rows 'user<TAB>history<TAB>target' (history: the last ``max_len`` items, oldest first) per file:
+    train = every prefix of each train sequence -> its next item (as gencli's sft and RecBole's own augmentation),
+    valid and test = gencli's rows. Tokens are gencli's user_idx and item_idx."""
+    def line(u: int, hist: list[int], t: int) -> str:
+        return f"{u}\t{' '.join(map(str, hist[-max_len:]))}\t{t}"
+
+    out = {"train": [line(u, s[:i], s[i]) for u, s in zip(split["users"], split["train"], strict=True)
+                     for i in range(1, len(s))]}
+    for name in ("valid", "test"):
+        out[name] = [line(u, h, t) for u, h, t in split[name]]
+    return out
+
+
+def export_split(split: dict[str, Any], root: Path, name: str) -> tuple[Path, str]:
+    """Write NAME.{train,valid,test}.inter under ROOT/split-DIGEST/NAME/ (once); returns (ROOT/split-DIGEST, DIGEST)."""
+    header = "user_id:token\titem_id_list:token_seq\titem_id:token\n"
+    texts = {k: header + "\n".join(v) + "\n" for k, v in split_lines(split).items()}
+    digest = hashlib.sha256("".join(texts[k] for k in ("train", "valid", "test")).encode()).hexdigest()[:12]
+    export_root = root / f"split-{digest}"
+    folder = export_root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, text in texts.items():
+        path = folder / f"{name}.{k}.inter"
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+    return export_root, digest
+
+
+def verify_presented(presented: dict[str, Any], split: dict[str, Any], max_len: int) -> dict[str, int]:
+    """Fail loudly unless RecBole's dataloaders presented exactly gencli's rows: per user the valid and test target
+    and its history (the last ``max_len`` items, what SASRec can see), and the same multiset of training rows."""
+    if max_len != SASREC_MAX_LEN:
+        raise RuntimeError(f"RecBole ran with MAX_ITEM_LIST_LENGTH {max_len}, the export assumed {SASREC_MAX_LEN}")
+    problems = []
+    for name in ("valid", "test"):
+        want = {str(u): ([str(i) for i in h[-max_len:]], str(t)) for u, h, t in split[name]}
+        got: dict[str, tuple[list[str], str]] = {}
+        for u, h, t in presented[name]:
+            if u in got:
+                problems.append(f"{name}: user {u} presented twice")
+            got[u] = (h, t)
+        if set(got) != set(want):
+            problems.append(f"{name}: users differ ({len(set(got) ^ set(want))} not in both)")
+        problems += [f"{name}: user {u}: RecBole {got[u]} != gencli {want[u]}" for u in want
+                     if u in got and got[u] != want[u]][:5]
+    train = sorted(ln.replace("\t", "|", 2) for ln in split_lines(split, max_len)["train"])
+    if hashlib.sha256("\n".join(train).encode()).hexdigest() != presented["train_digest"]:
+        problems.append(f"train rows differ ({presented['train_rows']} presented, {len(train)} expected)")
+    if problems:
+        raise RuntimeError("RecBole did not use gencli's split:\n  " + "\n  ".join(problems[:20]))
+    return {"users": len(split["test"]), "valid_rows": len(presented["valid"]), "test_rows": len(presented["test"]),
+            "train_rows": len(train), "history_window": max_len,
+            "users_with_full_test_history": sum(len(h) <= max_len for _, h, _ in split["test"])}
+
+
+def ensure_venv(torch_index_url: str = "") -> Path:
+    """The RecBole venv's python; created and installed once (a marker file records the installed versions)."""
+    python = VENV / "bin" / "python"
+    marker = VENV / "baselines-installed.txt"
+    if marker.is_file():
+        return python
+    if not python.is_file():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    for i, pins in enumerate(VENV_PINS):
+        index = ["--extra-index-url", torch_index_url] if torch_index_url and i == 0 else []
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *index, *pins], check=True)
+    freeze = subprocess.run([str(python), "-m", "pip", "freeze"], check=True, capture_output=True, text=True).stdout
+    marker.write_text(freeze, encoding="utf-8")
+    return python
+
+
+def run_sasrec(export_root: Path, name: str, seed: int, out: Path, epochs: int, index: str) -> tuple[dict, float]:
+    """Train + score SASRec in the venv (cached in ``out``); returns the runner's JSON and the wall seconds."""
+    if out.is_file():
+        return json.loads(out.read_text(encoding="utf-8")), 0.0
+    python = ensure_venv(index)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [str(python), str(REPO / "bench" / "recbole_runner.py"), "--data", str(export_root), "--dataset", name,
+           "--seed", str(seed), "--out", str(out), "--epochs", str(epochs)]
+    t0 = time.time()
+    with open(out.with_suffix(".log"), "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = out.with_suffix(".log").read_text(encoding="utf-8")[-3000:]
+        raise RuntimeError(f"recbole_runner failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(out.read_text(encoding="utf-8")), time.time() - t0
+
+
+def sasrec_row(dataset: str, seed: int, runner: dict, split: dict, wall: float) -> dict:
+    """Check the split RecBole presented, then score its test ranks with gencli's metrics."""
+    from gencli.core.infer.metrics import summarize
+
+    check = verify_presented(runner["presented"], split, runner["config"]["MAX_ITEM_LIST_LENGTH"])
+    ranked = {(u, t) for u, t, _ in runner["test_ranks"]}
+    if runner["items"] != split["n_items"] or ranked != {(str(u), str(t)) for u, _, t in split["test"]}:
+        raise RuntimeError(f"SASRec ranked {len(ranked)} (user, target) pairs over {runner['items']} items; gencli "
+                           f"has {len(split['test'])} test users and {split['n_items']} items")
+    ranks = [r for _, _, r in runner["test_ranks"]]
+    metrics = summarize(ranks, KS)["overall"]
+    return {"dataset": dataset, "method": "sasrec", "seed": seed, **{m: metrics[m] for m in METRICS},
+            "users": metrics["users"], "seconds": round(wall or runner["train_seconds"], 1),
+            "split_check": check, "recbole_test": runner["recbole_test"], "best_valid": runner["best_valid"],
+            "epochs_run": runner["epochs_run"], "best_epoch": runner.get("best_epoch"),
+            "from_checkpoint": runner.get("from_checkpoint"), "train_seconds": runner["train_seconds"],
+            "config": runner["config"]}
+
+
+def popularity_rows(dataset: str, split: dict) -> list[dict]:
+    """Popularity ranking, the same list for every test user, no masking; gencli eval's counts and all train events."""
+    import numpy as np
+
+    from gencli.core.infer.metrics import popularity_ranks, summarize
+
+    n_items, targets = split["n_items"], np.array([t for _, _, t in split["test"]])
+    seqs = split["train"]
+    target_counts = np.bincount([i for s in seqs for i in s[1:]], minlength=n_items)  # tables.train_target_counts
+    event_counts = np.bincount([i for s in seqs for i in s], minlength=n_items)
+    rows = []
+    for method, counts in (("popularity", target_counts), ("popularity-all-train", event_counts)):
+        m = summarize(popularity_ranks(counts, targets, max(KS)), KS)["overall"]
+        rows.append({"dataset": dataset, "method": method, "seed": 0, **{k: m[k] for k in METRICS},
+                     "users": m["users"], "seconds": 0.0})
+    return rows
+
+
+def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict:
+    """init-vocab -> sft -> eval in a copy of the shared workdir; its test metrics and the exact commands."""
+    work = args.workroot / dataset / f"gencli-{init}-s{seed}"
+    if work.exists():  # a half-finished earlier attempt
+        shutil.rmtree(work)
+    shutil.copytree(shared, work)
+    t = ["--threads", "1"]
+    commands = [[*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
+                [*t, "sft", "--seed", str(seed), *options(args.sft)],
+                [*t, *EVAL, *options(args.eval)]]
+    t0 = time.time()
+    out = [gencli(cmd, work)["metrics"] for cmd in commands]
+    ev = out[-1]["overall"]
+    shutil.rmtree(work)
+    label = "".join(f"[{k} {v}]" for k, v in (("sft", args.sft), ("eval", args.eval)) if v)
+    return {"dataset": dataset, "method": f"gencli-{init}{label}", "seed": seed, **{m: ev[m] for m in METRICS},
+            "users": ev["users"], "seconds": round(time.time() - t0, 1),
+            "popularity_in_eval": out[-1].get("popularity_baseline"),
+            "commands": [" ".join(["gencli", *c]) for c in commands]}
+
+
+def gencli_defaults() -> tuple[str, dict]:
+    """gencli's current sft/eval/init-vocab/quantize defaults and their digest: cached gencli runs are keyed by it,
+    so a change of the defaults (TrainConfig is being tuned) reruns them instead of reusing stale rows."""
+    import dataclasses
+
+    from gencli import config
+
+    defaults = {c.__name__: dataclasses.asdict(c()) for c in (config.QuantizeConfig, config.InitVocabConfig,
+                                                                config.TrainConfig, config.EvalConfig)}
+    text = json.dumps(defaults, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8], json.loads(text)
+
+
+def check_popularity(row: dict, ours: dict) -> None:
+    """gencli eval reports the popularity ranking on its users; on all users it must equal ours (same definition)."""
+    theirs = row.get("popularity_in_eval") or {}
+    if theirs.get("users") == ours["users"]:
+        diff = {m: (theirs[m], ours[m]) for m in METRICS if m in theirs and abs(theirs[m] - ours[m]) > 1e-9}
+        if diff:
+            raise RuntimeError(f"popularity differs from gencli eval's: {diff}")
+        row["popularity_matches_eval"] = True
+
+
+def summarise(rows: list[dict]) -> list[str]:
+    """Markdown table: mean ± std over seeds per (dataset, split digest, method), and the mean wall time of a run."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r.get("split", ""), r["method"]), []).append(r)
+    lines = ["| dataset | split | method | seeds | users | " + " | ".join(METRICS) + " | s/run |",
+             "|" + "---|" * (len(METRICS) + 6)]
+    for (ds, split, method), rs in sorted(groups.items()):
+        cells = []
+        for m in METRICS:
+            vals = [float(r[m]) for r in rs]
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells.append(f"{statistics.fmean(vals):.4f}" + (f" ± {sd:.4f}" if len(vals) > 1 else ""))
+        secs = statistics.fmean(float(r["seconds"]) for r in rs)
+        lines.append(f"| {ds} | {split[:6]} | {method} | {len(rs)} | {rs[0]['users']} | " + " | ".join(cells)
+                     + f" | {secs:.0f} |")
+    return lines
+
+
+def sasrec_seeds(args: argparse.Namespace, dataset: str, split: dict, digest: str, export_root: Path,
+                 seeds: list[int], results: dict) -> None:
+    """SASRec per seed (skipping cached runs); each finished run is checked, scored and saved at once."""
+    label = "sasrec" + (f"-max{args.sasrec_epochs}ep" if args.sasrec_epochs else "")
+    for seed in seeds:
+        key = f"{dataset}/{digest}/sasrec/e{args.sasrec_epochs}/seed{seed}"
+        if key in results["runs"]:
+            continue
+        out = export_root / f"sasrec-e{args.sasrec_epochs}-s{seed}.json"
+        runner, wall = run_sasrec(export_root, f"gencli_{dataset}", seed, out, args.sasrec_epochs,
+                                  args.torch_index_url)
+        row = {**sasrec_row(dataset, seed, runner, split, wall), "split": digest, "method": label}
+        results["runs"][key] = row
+        write_json_atomic(args.out, results)
+        print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s, "
+              f"{row['epochs_run']} epochs); split check: {row['split_check']['users']} users identical", flush=True)
+
+
+def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest: str, shared: Path,
+                    seeds: list[int], results: dict) -> None:
+    """gencli per seed and init on the shared embed + quantize, skipping runs cached with the same defaults."""
+    defaults_digest, defaults = gencli_defaults()
+    gencli(["--threads", "1", "embed"], shared)
+    gencli(["--threads", "1", *QUANTIZE], shared)
+    for seed in seeds:
+        for init in args.inits.split(","):
+            key = f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/sft[{args.sft}]/eval[{args.eval}]/seed{seed}"
+            if key in results["runs"]:
+                continue
+            row = {**gencli_row(args, dataset, shared, init, seed), "split": digest,
+                   "gencli_defaults": defaults_digest, "train_config_defaults": defaults["TrainConfig"]}
+            row["method"] += f" (defaults {defaults_digest})"
+            check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity"])
+            results["runs"][key] = row
+            write_json_atomic(args.out, results)
+            print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {"runs": {}}
+    if args.table:
+        print("\n".join(summarise(list(results["runs"].values()))))
+        return
+    os.environ.update(GENCLI_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for dataset in args.dataset.split(","):
+        shared = args.workroot / dataset / "shared"
+        shared.mkdir(parents=True, exist_ok=True)
+        gencli(["--threads", "1", *ingest_args(dataset)], shared)
+        split = expected_rows(shared / "ingest")
+        export_root, digest = export_split(split, args.workroot / dataset, f"gencli_{dataset}")
+        print(f"[{dataset}] split {digest}: {len(split['test'])} users, {split['n_items']} items -> {export_root}",
+              flush=True)
+        for row in popularity_rows(dataset, split):
+            results["runs"][f"{dataset}/{digest}/{row['method']}"] = {**row, "split": digest}
+        write_json_atomic(args.out, results)
+        if not args.skip_sasrec:
+            sasrec_seeds(args, dataset, split, digest, export_root, seeds, results)
+        if not args.skip_gencli:
+            gencli_variants(args, dataset, split, digest, shared, seeds, results)
+    print("\n".join(summarise(list(results["runs"].values()))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""What every step config shares: documented fields (:func:`option`), their JSON form, the collected checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gencli.errors import ConfigError
+from gencli.steps import model_candidates, model_steps
+
+INGEST_FORMATS = ("generic", "movielens", "amazon")
+SPLITS = ("loo", "temporal")
+EVAL_SPLITS = ("test", "valid")
+INIT_METHODS = ("random", "mean", "centroid", "gti")
+PROJECTIONS = ("pca", "truncate", "isometric")
+DEVICES = ("auto", "cpu", "cuda")
+EMBED_BACKENDS = ("torch", "onnx", "openvino")  # embed --backend (onnx, openvino: optional extras)
+EMBED_PRECISIONS = ("float32", "int8", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SCHEDULES = ("cosine", "linear")
+SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
+MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, sft, cpt, init-vocab
+SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
+TRAINING = ("cpt", "sft")  # the steps that train (STAMP's MAP and SAP-while-training options)
+
+
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A documented field: its default and the help ``--help`` shows. ``cli`` may hold ``choices``, ``option``
+    (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
+    that have it) or ``cli=False`` (not an option)."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """JSON-ready dict of a config (tuples become lists)."""
+    return json_ready(dataclasses.asdict(cfg))
+
+
+def from_dict(cls: type, params: dict[str, Any]) -> Any:
+    """The config a ``step.json`` recorded (``to_dict``'s inverse): lists become tuples, nested configs are
+    rebuilt, keys the dataclass does not know are ignored."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in params.items():
+        if key not in fields:
+            continue
+        default = fields[key].default
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            value = from_dict(type(default), value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+class Checks:
+    """Collects problems; raises once at the end."""
+
+    def __init__(self, step: str):
+        self.step = step
+        self.problems: list[str] = []
+
+    def require(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.problems.append(problem)
+
+    def choice(self, name: str, value: Any, allowed: tuple) -> None:
+        self.require(value in allowed, f"--{name} must be one of {', '.join(map(str, allowed))} (got {value!r})")
+
+    def positive(self, name: str, value: float, allow_zero: bool = False) -> None:
+        ok = value >= 0 if allow_zero else value > 0
+        self.require(ok, f"--{name} must be {'>= 0' if allow_zero else '> 0'} (got {value!r})")
+
+    def done(self) -> None:
+        if self.problems:
+            raise ConfigError(self.step, self.problems)
+
+
+def device_option(help: str = "Where to run: auto picks cuda when available.") -> Any:
+    return option("auto", help, choices=DEVICES)
+
+
+def dtype_option() -> Any:
+    return option("auto", "Weights' dtype: auto = bfloat16 on a GPU that supports it, else float32.", choices=DTYPES)
+
+
+def model_step_option(help: str) -> Any:
+    return option("auto", help, choices=MODEL_STEP_CHOICES)

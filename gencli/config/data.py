@@ -1,0 +1,116 @@
+"""Configs of the data and SID steps: ingest, embed, quantize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gencli.config.base import (
+    DEVICES,
+    EMBED_BACKENDS,
+    EMBED_PRECISIONS,
+    INGEST_FORMATS,
+    SPLITS,
+    Checks,
+    device_option,
+    option,
+)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Options of ``gencli ingest``."""
+
+    format: str = option("generic", "Input layout: generic tables, a MovieLens folder, or Amazon review JSON.",
+                         choices=INGEST_FORMATS)
+    user_core: int = option(5, "k-core: keep users with at least this many events (0 disables).")
+    item_core: int = option(5, "k-core: keep items with at least this many events (0 disables).")
+    dedupe_consecutive: bool = option(True, "Drop an event that repeats the user's previous item.",
+                                      option="--dedupe/--no-dedupe")
+    max_history: int = option(0, "Keep only the last N events per user after filtering (0 keeps all).")
+    split: str = option("loo", "loo: last event is test, second to last validation. temporal: global time cut-offs.",
+                        choices=SPLITS)
+    temporal_valid_frac: float = option(0.1, "temporal split: share of events (by time) held out for validation.")
+    temporal_test_frac: float = option(0.1, "temporal split: share of the latest events held out for test.")
+    min_user_events: int = option(3, "Users need this many events after filtering (train, valid and test each "
+                                     "get one).")
+    drop_short_users: bool = option(True, "Drop users with fewer than --min-user-events (counted in stats) or "
+                                          "refuse the input.", option="--drop-short-users/--fail-on-short-users")
+
+    def __post_init__(self) -> None:
+        c = Checks("ingest")
+        c.choice("format", self.format, INGEST_FORMATS)
+        c.choice("split", self.split, SPLITS)
+        c.positive("user-core", self.user_core, allow_zero=True)
+        c.positive("item-core", self.item_core, allow_zero=True)
+        c.positive("max-history", self.max_history, allow_zero=True)
+        c.require(self.max_history == 0 or self.max_history >= 3, "--max-history must be 0 (keep all) or >= 3 so that train, valid and test each get an event")
+        c.require(0 < self.temporal_valid_frac < 0.5, "--temporal-valid-frac must be in (0, 0.5)")
+        c.require(0 < self.temporal_test_frac < 0.5, "--temporal-test-frac must be in (0, 0.5)")
+        c.require(self.min_user_events >= 3, "--min-user-events must be >= 3")
+        c.done()
+
+
+DEFAULT_TEMPLATE = "{title}. {category}. {description}"
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Options of ``gencli embed``."""
+
+    model: str = option("all-minilm-l6-v2", "A sentence-transformers folder, or the bundled preset all-minilm-l6-v2.")
+    template: str = option(DEFAULT_TEMPLATE, "Item text: a format string over item columns; empty fields and their "
+                                             "separators are dropped.")
+    batch_size: int = option(64, "Texts per encoder batch.")
+    dim: int = option(0, "Matryoshka truncation to the first D dims, then re-normalise (0 keeps the model's dim).")
+    device: str = device_option()
+    backend: str = option("torch", "Encoder runtime: torch (sentence-transformers), or on the CPU onnx (onnxruntime, "
+                                   "pip install -e \".[onnx]\") or openvino (pip install -e \".[openvino]\").",
+                          choices=EMBED_BACKENDS)
+    precision: str = option("float32", "Encoder arithmetic: float32 (exact), int8 (CPU: torch or onnx; vectors move "
+                                       "slightly, see docs/benchmarks.md) or float16 (torch on cuda).",
+                            choices=EMBED_PRECISIONS)
+    reuse_from: str = option("", "A previous workdir: items whose text it embedded with the same model, template "
+                                 "and dim reuse its vectors; only new or edited items are encoded.")
+
+    def __post_init__(self) -> None:
+        c = Checks("embed")
+        c.positive("batch-size", self.batch_size)
+        c.positive("dim", self.dim, allow_zero=True)
+        c.choice("device", self.device, DEVICES)
+        c.choice("backend", self.backend, EMBED_BACKENDS)
+        c.choice("precision", self.precision, EMBED_PRECISIONS)
+        c.require(self.backend == "torch" or self.device != "cuda",
+                  f"--backend {self.backend} runs on the CPU; use --device cpu (or --backend torch on cuda)")
+        c.require(self.precision != "float16" or (self.backend == "torch" and self.device != "cpu"),
+                  "--precision float16 needs --backend torch on a GPU (--device cuda)")
+        c.require(self.precision != "int8" or (self.backend != "openvino" and self.device != "cuda"),
+                  "--precision int8 runs on the CPU with --backend torch or onnx")
+        c.require("{" in self.template, "--template must reference at least one column, e.g. '{title}'")
+        c.done()
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Options of ``gencli quantize`` (residual k-means)."""
+
+    codes: tuple[int, ...] = option((256, 256, 256), "Codebook size: one number for every level, or one per level "
+                                                     "(256,256,256).")
+    max_iter: int = option(50, "Lloyd iterations per level at most; a level stops early when no label changes.")
+    seed: int = option(0, "Seed of k-means++ initialisation.")
+    batch_size: int = option(65536, "Rows per distance batch (bounds memory on large catalogs).")
+    device: str = device_option()
+    codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
+                                     "retraining).")
+
+    def __post_init__(self) -> None:
+        c = Checks("quantize")
+        c.require(len(self.codes) >= 1, "--codes must list at least one codebook size")
+        c.require(all(k >= 2 for k in self.codes), f"every codebook size must be >= 2 (got {list(self.codes)})")
+        c.positive("max-iter", self.max_iter)
+        c.positive("batch-size", self.batch_size)
+        c.choice("device", self.device, DEVICES)
+        c.done()
+
+    @property
+    def levels(self) -> int:
+        return len(self.codes)

@@ -1,0 +1,207 @@
+"""Configs of the model steps: init-vocab, STAMP, cpt/sft training, profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gencli.config.base import (
+    DEVICES,
+    DTYPES,
+    INIT_METHODS,
+    MODEL_STEP_CHOICES,
+    PROJECTIONS,
+    SAP_SCORES,
+    SCHEDULES,
+    SFT_STARTS,
+    TRAINING,
+    Checks,
+    device_option,
+    dtype_option,
+    model_step_option,
+    option,
+)
+
+
+@dataclass(frozen=True)
+class InitVocabConfig:
+    """Options of ``gencli init-vocab``."""
+
+    model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
+                                "smollm2-135m (pull first).")
+    init: str = option("centroid", "How the new SID rows start.", choices=INIT_METHODS)
+    projection: str = option("pca", "centroid/gti: map from the embedding dim to the model dim.", choices=PROJECTIONS)
+    scale: bool = option(False, "centroid: rescale rows to the base vocabulary's spread.")
+    eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
+    seed: int = option(0, "Seeds random init, the isometric map and GTI.")
+    gti_steps: int = option(200, "gti: optimisation steps of the projection.")
+    gti_lr: float = option(1e-2, "gti: learning rate of the projection.")
+    gti_layer: int = option(-1, "gti: hidden layer to mean-pool (-1 = last).")
+    gti_max_items: int = option(2000, "gti: item texts encoded at most (a seeded sample).")
+    device: str = device_option()
+    dtype: str = dtype_option()
+    warm_start: str = option("", "A previous workdir: continue from its most trained model (sft, else cpt, else "
+                                 "init-vocab) instead of --model, keeping its SID rows and adding only tokens new "
+                                 "here (initialised by --init); quantize must use that workdir's codebooks.")
+
+    def __post_init__(self) -> None:
+        c = Checks("init-vocab")
+        c.choice("init", self.init, INIT_METHODS)
+        c.choice("projection", self.projection, PROJECTIONS)
+        c.positive("eps", self.eps)
+        c.positive("gti-steps", self.gti_steps)
+        c.positive("gti-lr", self.gti_lr)
+        c.positive("gti-max-items", self.gti_max_items)
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()
+
+
+@dataclass(frozen=True)
+class StampConfig:
+    """STAMP settings, one set shared by sft, cpt, profile (training) and ``eval --prune`` (prefill).
+
+    ``layer`` 0 is resolved once per run against the model (:func:`gencli.core.stamp.sap.resolve`).
+    """
+
+    sap: bool = option(False, "SAP: drop low-ranked tokens after --stamp-layer (faster, less memory; eval's --prune "
+                              "does it at prefill).")
+    map: bool = option(False, "MAP: auxiliary next-next-token loss through the shared LM head.", steps=TRAINING)
+    layer: int = option(0, "SAP: decoder layers that see every token; the last of them scores the tokens "
+                           "(0 = a quarter of the layers, at least 2).", option="--stamp-layer")
+    keep_ratio: float = option(0.5, "SAP: fraction of each sequence's tokens kept, floor(ratio * N).")
+    recent_window: int = option(16, "SAP: the last N tokens (target + prompt suffix) are always kept.")
+    score: str = option("recency", "SAP: token ranking: recency (newest first), importance (the paper's "
+                                   "S_sem x S_attn) or attention (S_attn alone).",
+                        choices=SAP_SCORES, option="--sap-score")
+    mtp_lambda: float = option(0.3, "MAP: fusion h = (1 - lambda) h_t + lambda RMSNorm(E(y_t+1)).", steps=TRAINING)
+    mtp_weight: float = option(0.1, "MAP: loss = main + weight * auxiliary.", steps=TRAINING)
+
+    def problems(self, window_min: int = 0) -> list[str]:
+        """What is wrong with these settings (empty when valid); ``window_min`` is 1 at eval prefill."""
+        c = Checks("stamp")
+        c.require(self.layer >= 0, f"--stamp-layer must be >= 0, 0 = auto (got {self.layer})")
+        c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
+        c.choice("sap-score", self.score, SAP_SCORES)
+        c.require(self.recent_window >= window_min,
+                  f"--recent-window must be >= {window_min}"
+                  + (": decoding starts from the last prompt token" if window_min else "")
+                  + f" (got {self.recent_window})")
+        c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
+        c.positive("mtp-weight", self.mtp_weight, allow_zero=True)
+        return c.problems
+
+    @property
+    def on(self) -> bool:
+        return self.sap or self.map
+
+
+SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; patience normally stops it earlier
+EVALS_PER_EPOCH = 2  # sft validations per epoch with --eval-every 0
+EVAL_USERS = 2000  # sft validation users: all up to this, a seeded subsample above
+PATIENCE = 4  # sft validations without a new best before stopping
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Options shared by ``gencli cpt`` and ``gencli sft`` (one engine)."""
+
+    task: str = option("sft", "sft (history SIDs -> next SID, all weights) or cpt (SID <-> text, new rows only).",
+                       cli=False)
+    start_from: str = option("auto", "Model to start from (auto = cpt when it has run, else init-vocab).",
+                             choices=SFT_STARTS, option="--from", steps=("sft",))
+    epochs: float = option(0.0, f"Passes over the training samples at most (0 = auto: sft {SFT_MAX_EPOCHS:g}, "
+                                 "normally stopped earlier by --patience; cpt 1). Ignored when --max-steps > 0.")
+    max_steps: int = option(0, "Optimizer steps (0 = from --epochs).")
+    batch_size: int = option(32, "Samples per micro-batch.")
+    grad_accum: int = option(1, "Micro-batches per optimizer step.")
+    lr: float = option(1e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
+    warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
+    schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
+    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
+    max_history: int = option(20, "Last N history items per sample.", steps=("sft",))
+    max_prefixes: int = option(0, "At most N training prefixes per user, the latest (0 = all).", steps=("sft",))
+    text_to_sid: bool = option(False, "Also train text -> SID.", steps=("cpt",))
+    max_text_tokens: int = option(64, "Item text truncated to N tokens.", steps=("cpt",))
+    sid_softmax: bool = option(False, "Logits over SID rows only (exact for constrained decoding, cheaper with a "
+                                      "large vocab).", option="--sid-softmax/--full-softmax", steps=("sft",))
+    eval_every: int = option(0, "Validation Recall@5 every N steps (0 = --evals-per-epoch).", steps=("sft",))
+    evals_per_epoch: int = option(EVALS_PER_EPOCH, "With --eval-every 0: validations per epoch, evenly spaced "
+                                                   "(0 = at the end only).", steps=("sft",))
+    eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, a seeded subsample of N above "
+                                         "(0 = all).", steps=("sft",))
+    eval_beams: int = option(10, "Beam width of the validation search (>= 5).", steps=("sft",))
+    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best Recall@5 (0 = off).",
+                           steps=("sft",))
+    max_time: float = option(0.0, "Stop after this many seconds of training, keeping the best checkpoint (0 = no "
+                                   "cap; for cron windows: the step count then depends on the machine).")
+    save_every: int = option(0, "Checkpoint every N steps (0 = at evaluations and the end).")
+    log_every: int = option(10, "Write a train line (loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps.")
+    keep_checkpoints: int = option(2, "Checkpoints kept on disk (the newest).")
+    stamp: StampConfig = option(StampConfig(), "STAMP: SAP token pruning and/or MAP's auxiliary loss (training only).")
+    seed: int = option(0, "Seeds batch order and the validation subsample.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def __post_init__(self) -> None:
+        c = Checks(self.task)
+        c.problems += self.stamp.problems()
+        c.choice("task", self.task, TRAINING)
+        c.choice("from", self.start_from, SFT_STARTS)
+        c.choice("schedule", self.schedule, SCHEDULES)
+        c.positive("epochs", self.epochs, allow_zero=True)
+        c.positive("max-steps", self.max_steps, allow_zero=True)
+        c.positive("batch-size", self.batch_size)
+        c.positive("grad-accum", self.grad_accum)
+        c.positive("lr", self.lr)
+        c.positive("weight-decay", self.weight_decay, allow_zero=True)
+        c.require(0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)")
+        c.positive("max-grad-norm", self.max_grad_norm, allow_zero=True)
+        c.positive("max-history", self.max_history)
+        c.positive("max-prefixes", self.max_prefixes, allow_zero=True)
+        c.positive("eval-every", self.eval_every, allow_zero=True)
+        c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
+        c.positive("eval-users", self.eval_users, allow_zero=True)
+        c.require(self.eval_beams >= 5, f"--eval-beams must be >= 5 for validation Recall@5 (got {self.eval_beams})")
+        c.positive("patience", self.patience, allow_zero=True)
+        c.positive("max-time", self.max_time, allow_zero=True)
+        c.positive("save-every", self.save_every, allow_zero=True)
+        c.positive("log-every", self.log_every)
+        c.positive("keep-checkpoints", self.keep_checkpoints)
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()
+
+    @property
+    def epoch_budget(self) -> float:
+        """Passes over the samples at most: ``epochs``, or with 0 the task's default (sft trains to the plateau
+        under a high cap and early stopping; cpt has no validation to stop it, so one pass)."""
+        return self.epochs or (SFT_MAX_EPOCHS if self.task == "sft" else 1.0)
+
+
+PROFILE_VARIANTS = ("base", "sap", "map", "stamp")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Options of ``gencli profile`` (training-step profiling of STAMP variants)."""
+
+    variants: tuple[str, ...] = option(PROFILE_VARIANTS, "Variants to run, of base, sap, map, stamp; the first is "
+                                                         "the reference for speedup and memory reduction.")
+    steps: int = option(5, "Timed training steps per variant.")
+    warmup_steps: int = option(1, "Untimed steps first (allocator, optimizer state, kernels).")
+    model_step: str = model_step_option("Whose model to train (auto = the most trained finished step); never modified.")
+    detail: bool = option(False, "Add the top operators of one step (torch.profiler).")
+    device: str = device_option()
+
+    def __post_init__(self) -> None:
+        c = Checks("profile")
+        c.require(len(self.variants) > 0, "--variants must list at least one of " + ", ".join(PROFILE_VARIANTS))
+        bad = [v for v in self.variants if v not in PROFILE_VARIANTS]
+        c.require(not bad, f"--variants: unknown {', '.join(bad)}; choose from {', '.join(PROFILE_VARIANTS)}")
+        c.require(len(set(self.variants)) == len(self.variants), "--variants lists a variant twice")
+        c.positive("steps", self.steps)
+        c.positive("warmup-steps", self.warmup_steps, allow_zero=True)
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.choice("device", self.device, DEVICES)
+        c.done()

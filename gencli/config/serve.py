@@ -1,0 +1,136 @@
+"""Configs of the steps that use a trained model, and of gencli run: eval, probe, recommend, run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gencli.config.base import (
+    DEVICES,
+    DTYPES,
+    EVAL_SPLITS,
+    MODEL_STEP_CHOICES,
+    Checks,
+    device_option,
+    dtype_option,
+    model_step_option,
+    option,
+)
+from gencli.config.model import StampConfig
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Options of ``gencli eval`` and ``gencli cold-eval``."""
+
+    model_step: str = model_step_option("Whose model to evaluate (auto = the most trained finished step).")
+    split: str = option("test", "Which split's targets to predict.", choices=EVAL_SPLITS)
+    beams: int = option(20, "Beam width of the constrained search.")
+    k: tuple[int, ...] = option((5, 10, 20), "Cut-offs for Recall@K and NDCG@K (max <= --beams).")
+    batch_size: int = option(32, "Users decoded together.")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20).")
+    max_users: int = option(0, "Evaluate a seeded subsample of users (0 = all).")
+    cold_max_train_count: int = option(-1, "cold-eval cohort: targets seen at most this many times as a training "
+                                           "target (-1 = plain eval).", cli=False)
+    seed: int = option(0, "Seed of the user subsample.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+    stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap): the whole model prefills "
+                                               "only the prompt tokens SAP keeps.")
+
+    def __post_init__(self) -> None:
+        c = Checks("eval")
+        c.problems += self.stamp.problems(window_min=1)
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.choice("split", self.split, EVAL_SPLITS)
+        c.positive("beams", self.beams)
+        c.require(len(self.k) > 0 and all(x > 0 for x in self.k), "--k must list positive cut-offs, e.g. 5,10,20")
+        c.require(not self.k or max(self.k) <= self.beams, f"--k max ({max(self.k) if self.k else 0}) must be <= --beams ({self.beams})")
+        c.positive("batch-size", self.batch_size)
+        c.positive("max-history", self.max_history, allow_zero=True)
+        c.positive("max-users", self.max_users, allow_zero=True)
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()
+
+
+PROBE_CATEGORY_RULES = ("first", "last", "whole")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Options of ``gencli probe`` (what the SID token embeddings of one level encode)."""
+
+    level: int = option(0, "SID level to probe (0 .. levels-1; the dedup level has no centroids).")
+    m: int = option(10, "Nearest neighbours per code for purity P_m (capped at the labelled codes - 1).")
+    category_rule: str = option("first", "One category per item from a comma-separated list (MovieLens genres, "
+                                         "Amazon paths): the first value, the last, or the whole text.",
+                                choices=PROBE_CATEGORY_RULES)
+    pictures: bool = option(True, "Write PCA scatters (popularity | category) and a purity bar chart as PNG.")
+
+    def __post_init__(self) -> None:
+        c = Checks("probe")
+        c.positive("level", self.level, allow_zero=True)
+        c.positive("m", self.m)
+        c.choice("category-rule", self.category_rule, PROBE_CATEGORY_RULES)
+        c.done()
+
+
+@dataclass(frozen=True)
+class RecommendConfig:
+    """Options of ``gencli recommend`` (what step.json records when it runs as a workspace step)."""
+
+    k: int = option(10, "Items per user.")
+    beams: int = option(0, "Beam width, >= k (0 = max(k, 20)). Seen items are masked inside the search, so any "
+                           "beams >= k returns k distinct unseen items whenever the catalog has that many.")
+    exclude_seen: bool = option(True, "Never recommend an item of the user's history (masked in the SID trie while "
+                                      "decoding).", option="--exclude-seen/--include-seen")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20; a "
+                                 "bundle: as exported).")
+    model_step: str = model_step_option("Whose model (auto = the most trained finished step).")
+    strict: bool = option(False, "Unknown item ids in a given history are an error (exit 2), not skipped with a "
+                                 "warning.")
+    batch_size: int = option(32, "Users decoded together.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+    stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap), as eval --prune.")
+
+    def __post_init__(self) -> None:
+        c = Checks("recommend")
+        c.problems += self.stamp.problems(window_min=1)
+        c.positive("k", self.k)
+        c.positive("beams", self.beams, allow_zero=True)
+        c.require(self.beams == 0 or self.beams >= self.k,
+                  f"--beams ({self.beams}) must be >= --k ({self.k}) (or 0 = max(k, 20)): each beam ends as one item")
+        c.positive("max-history", self.max_history, allow_zero=True)
+        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.positive("batch-size", self.batch_size)
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Options of ``gencli run`` beyond the steps' own: the incremental retrain and the promotion (also top-level
+    keys of the pipeline TOML, spelled like the options)."""
+
+    previous: str = option("", "The previous run's workdir, or a bundle or --promote link it exported: embed reuses "
+                               "its vectors, quantize its codebooks (kept items keep their SIDs), init-vocab "
+                               "continues from its model.")
+    requantize: bool = option(False, "With --previous: train new codebooks and start init-vocab fresh (SIDs may "
+                                     "change; the run reports how many).")
+    promote: str = option("", "After the steps, export a bundle next to this path and point it (a symlink, or a "
+                              "pointer file) at the bundle when its validation Recall@10 is within "
+                              "--promote-tolerance of the current one's; otherwise exit 4.")
+    promote_tolerance: float = option(0.05, "Relative drop of validation Recall@10 that still promotes (0.05 = 5%).")
+    promote_users: int = option(2000, "Validation users both bundles are scored on (a seeded subsample above this; "
+                                      "0 = all).")
+    keep_bundles: int = option(5, "Bundles kept next to --promote: the newest N and always the promoted one.")
+
+    def __post_init__(self) -> None:
+        c = Checks("run")
+        c.require(0 <= self.promote_tolerance < 1, f"--promote-tolerance must be in [0, 1) (got {self.promote_tolerance})")
+        c.positive("promote-users", self.promote_users, allow_zero=True)
+        c.positive("keep-bundles", self.keep_bundles)
+        c.require(not self.requantize or bool(self.previous), "--requantize only applies with --previous")
+        c.done()

@@ -1,0 +1,218 @@
+"""Damaged workdirs through the real CLI: a cut-short, edited or deleted artifact is one clear message naming the
+file and the fix, exit 2, no traceback (human and --json), and nothing written; ingest warns about items without
+text and refuses a catalog where no item has any."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.errors import EXIT_BAD_INPUT
+
+SFT = ["sft", "--max-steps", "2", "--eval-users", "5", "--save-every", "1", "--keep-checkpoints", "2"]
+EVAL = ["eval", "--beams", "5", "--k", "5", "--max-users", "5"]
+
+
+def _run(workdir, *args):
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"])
+    payload = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
+    return result, payload
+
+
+@pytest.fixture(scope="module")
+def built(small_sample, tmp_path_factory):
+    """ingest .. sft (2 steps, a checkpoint per step) on the small sample, and an exported bundle; tests copy it."""
+    root = tmp_path_factory.mktemp("corrupt")
+    wd = root / "work"
+    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
+                 ["init-vocab", "--model", "tiny"], SFT):
+        r, p = _run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    r, _ = _run(wd, "export", str(root / "bundle"))
+    assert r.exit_code == 0, r.output
+    return root
+
+
+@pytest.fixture
+def wd(built, tmp_path):
+    """A private copy of the built workdir (its bundle next to it)."""
+    shutil.copytree(built, tmp_path / "copy")
+    return tmp_path / "copy" / "work"
+
+
+def _cut(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _refused(wd, *args, names=(), damage=None):
+    """``gencli ARGS`` exits 2 in --json and human mode with one message naming every string in ``names``,
+    without a traceback, with the manifest unchanged and no staging folder of the step left behind.
+    ``damage()``, when given, is called before each of the two runs (for damage the first run clears away)."""
+    if damage:
+        damage()
+    manifest = wd / "manifest.json"
+    before = manifest.read_bytes() if manifest.exists() else None
+    r = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
+    assert r.exit_code == EXIT_BAD_INPUT, r.output
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout  # one JSON object, nothing else on stdout
+    payload = json.loads(lines[0])
+    assert payload["status"] == "error" and payload["exit_code"] == EXIT_BAD_INPUT
+    for name in names:
+        assert str(name) in payload["error"], payload["error"]
+    if damage:
+        damage()
+    human = CliRunner().invoke(cli, [*args, "--workdir", str(wd)])
+    assert human.exit_code == EXIT_BAD_INPUT, human.output
+    assert "Traceback" not in human.output and human.stderr.count("error (exit 2)") == 1, human.output
+    assert (manifest.read_bytes() if manifest.exists() else None) == before
+    assert not (wd / ".staging" / args[0]).exists()
+    return payload["error"]
+
+
+@pytest.mark.parametrize("artifact, command, fix", [
+    ("ingest/items.parquet", ["embed", "--force"], "gencli ingest --force"),
+    ("ingest/train.parquet", [*SFT, "--force"], "gencli ingest --force"),
+    ("ingest/test.parquet", [*EVAL, "--force"], "gencli ingest --force"),
+    ("quantize/sids.parquet", ["recommend", "--force"], "gencli quantize --force"),
+])
+def test_a_cut_short_parquet_file_names_itself_and_the_step_to_rerun(wd, artifact, command, fix):
+    _cut(wd / artifact)
+    _refused(wd, *command, names=[wd / artifact, fix])
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"steps": 3}', '{"version": 1, "steps": 3}',
+                                     '{"version": 1, "steps": {"ingest": 3}}', None])
+def test_an_edited_or_cut_short_manifest_is_exit_2_for_a_step_and_for_status(wd, content):
+    manifest = wd / "manifest.json"
+    if content is None:
+        _cut(manifest)
+    else:
+        manifest.write_text(content)
+    for command in (["embed"], ["recommend", "--user", "u0001"], ["status"]):
+        _refused(wd, *command, names=[manifest, "gencli ingest"])
+
+
+def test_a_cut_short_step_json_is_exit_2_for_the_step_that_reads_it(wd):
+    _cut(wd / "ingest" / "step.json")
+    _refused(wd, "embed", "--force", names=[wd / "ingest" / "step.json", "gencli ingest --force"])
+    (wd / "sft" / "step.json").write_text('{"status": "done"}')  # valid JSON, wrong shape
+    _refused(wd, *EVAL, names=[wd / "sft" / "step.json", "gencli sft --force"])
+
+
+def test_status_shows_an_edited_step_json_as_stale_with_the_fix(wd):
+    (wd / "quantize" / "step.json").write_text("[]")
+    r, p = _run(wd, "status")
+    assert r.exit_code == 0, r.output
+    rows = {row["step"]: row for row in p["steps"]}
+    assert rows["quantize"]["state"] == "stale"
+    assert str(wd / "quantize" / "step.json") in rows["quantize"]["stale_reason"]
+    assert "gencli quantize --force" in rows["quantize"]["stale_reason"]
+    assert rows["sft"]["state"] == "stale"
+    human = CliRunner().invoke(cli, ["status", "--workdir", str(wd)])
+    assert human.exit_code == 0 and "Traceback" not in human.output
+
+
+def test_a_deleted_output_names_itself_and_status_says_why_it_is_stale(wd):
+    (wd / "quantize" / "token_map.json").unlink()
+    _refused(wd, "init-vocab", "--force", names=[wd / "quantize" / "token_map.json", "gencli quantize --force"])
+    r, p = _run(wd, "status")
+    quantize = next(row for row in p["steps"] if row["step"] == "quantize")
+    assert quantize["state"] == "stale" and "token_map.json is missing" in quantize["stale_reason"]
+
+
+def _interrupted_sft(wd):
+    """The finished sft folder (checkpoints step-1 and step-2) put back in staging: what a killed run leaves."""
+    shutil.rmtree(wd / ".staging" / "sft", ignore_errors=True)
+    shutil.copytree(wd / "sft", wd / ".staging" / "sft")
+    return wd / ".staging" / "sft" / "checkpoints" / "step-000002"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_resume_from_a_checkpoint_missing_a_file_is_exit_2(wd, name):
+    newest = wd / ".staging" / "sft" / "checkpoints" / "step-000002"
+    _refused(wd, *SFT, "--force", "--resume", names=[newest, name, "gencli sft --force", "without --resume"],
+             damage=lambda: (_interrupted_sft(wd) / name).unlink())
+
+
+def test_resume_skips_a_checkpoint_without_its_trainer_state(wd):
+    newest = _interrupted_sft(wd)
+    (newest / "trainer_state.pt").unlink()  # not a checkpoint: resume from the one before
+    r, p = _run(wd, *SFT, "--force", "--resume")
+    assert r.exit_code == 0, r.output
+    assert p["metrics"]["resumed_from_step"] == 1 and p["metrics"]["steps"] == 2
+
+
+@pytest.mark.parametrize("command", [[*EVAL, "--force"], ["recommend", "--force"], ["recommend", "--user", "u0001"]])
+def test_a_model_folder_without_weights_is_exit_2(wd, command):
+    (wd / "sft" / "model" / "model.safetensors").unlink()
+    _refused(wd, *command, names=[wd / "sft" / "model", "model.safetensors", "gencli sft --force"])
+
+
+def test_sft_from_an_init_vocab_model_without_weights_is_exit_2_and_export_refuses_one(wd):
+    (wd / "init-vocab" / "model" / "model.safetensors").unlink()
+    _refused(wd, *SFT, "--force", names=[wd / "init-vocab" / "model", "gencli init-vocab --force"])
+    (wd / "sft" / "model" / "model.safetensors").unlink()
+    out = wd.parent / "bundle2"
+    _refused(wd, "export", str(out), names=[wd / "sft" / "model", "gencli sft --force"])
+    assert not out.exists() and not list(wd.parent.glob(".bundle2*"))
+
+
+@pytest.mark.parametrize("missing, says", [("model/model.safetensors", "model/model.safetensors is missing"),
+                                           ("gencli.json", "no gencli.json")])
+def test_a_bundle_missing_a_file_is_exit_2(wd, missing, says):
+    bundle = wd.parent / "bundle"
+    (bundle / missing).unlink()
+    error = _refused(wd, "recommend", "--bundle", str(bundle), "--history", "", names=[bundle, says])
+    assert "gencli export" in error
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_cut_short_or_empty_embeddings_file_is_exit_2(wd, cut):
+    path = wd / "embed" / "embeddings.npy"
+    _cut(path) if cut else path.write_bytes(b"")
+    _refused(wd, "quantize", "--levels", "2", "--codes", "4", "--force", names=[path, "gencli embed --force"])
+
+
+def _blank_text(src, dst, rows):
+    """Copy items.csv with title, category and description emptied in the given data rows (0-based)."""
+    with open(src, newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))
+    header = table[0]
+    for i in rows:
+        for column in ("title", "category", "description"):
+            table[1 + i][header.index(column)] = " " if column == "description" else ""
+    with open(dst, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(table)
+
+
+def test_ingest_warns_about_items_without_text(small_sample, tmp_path):
+    items = tmp_path / "items.csv"
+    _blank_text(small_sample.folder / "items.csv", items, rows=[2, 3, 4])
+    args = small_sample.ingest_args()
+    args[args.index("--items") + 1] = str(items)
+    r, p = _run(tmp_path / "work", *args)
+    assert r.exit_code == 0, r.output
+    assert p["metrics"]["items_without_text"] == 3
+    [warning] = p["metrics"]["warnings"]
+    assert str(items) in warning and "3 of 40 items" in warning and "lines 4, 5, 6" in warning
+    human = CliRunner().invoke(cli, [*args, "--workdir", str(tmp_path / "w2")])
+    assert human.exit_code == 0, human.output
+    assert human.stderr.count("warning") == 1 and "3 of 40 items have no text" in human.stderr
+
+
+def test_ingest_refuses_a_catalog_without_any_text(small_sample, tmp_path):
+    items = tmp_path / "items.csv"
+    _blank_text(small_sample.folder / "items.csv", items, rows=range(40))
+    args = small_sample.ingest_args()
+    args[args.index("--items") + 1] = str(items)
+    wd = tmp_path / "work"
+    error = _refused(wd, *args, names=[items, "title, category, description"])
+    assert "no item has any text" in error
+    assert not (wd / "ingest").exists() and not (wd / "manifest.json").exists()

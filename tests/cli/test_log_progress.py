@@ -1,0 +1,44 @@
+"""Off a terminal (cron logs) long work prints a plain progress line every few seconds on stderr; --json prints none."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.ui.progress import SILENT, LogProgress, make_progress
+
+
+def test_log_progress_lines_start_tick_and_end(capsys):
+    progress = LogProgress(every=0.0)  # a line at every advance
+    with progress.track("embedding items", total=4) as advance:
+        advance(2)
+        advance(2)
+    lines = capsys.readouterr().err.splitlines()
+    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", ln).split(",")[0] for ln in lines] == [
+        "embedding items: started (4 to do)", "embedding items: 2/4 (50%)", "embedding items: 4/4 (100%)",
+        "embedding items: done 4/4 (100%) in 0.0 s"]
+
+
+def test_quiet_when_json_ci_or_disabled(monkeypatch):
+    monkeypatch.delenv("GENCLI_NO_PROGRESS", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    assert isinstance(make_progress(False), LogProgress)  # tests run off a terminal
+    assert make_progress(True) is SILENT
+    monkeypatch.setenv("CI", "true")
+    assert make_progress(False) is SILENT
+
+
+def test_a_step_logs_progress_off_a_terminal_and_not_with_json(monkeypatch, small_sample, tmp_path):
+    monkeypatch.delenv("GENCLI_NO_PROGRESS", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    wd = tmp_path / "w"
+    plain = CliRunner().invoke(cli, [*small_sample.ingest_args(), "--workdir", str(wd)])
+    assert plain.exit_code == 0
+    embed = CliRunner().invoke(cli, ["embed", "--workdir", str(wd)])
+    assert embed.exit_code == 0 and "embedding items: started" in embed.stderr
+    quiet = CliRunner().invoke(cli, ["embed", "--workdir", str(wd), "--force", "--json"])
+    assert quiet.exit_code == 0 and "embedding items" not in quiet.stderr and "Loading" not in quiet.stderr
+    assert json.loads(quiet.stdout)["status"] == "done"
