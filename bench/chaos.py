@@ -7,8 +7,9 @@ Scenarios (each in its own folder under bench/.cache/chaos):
            the same codebooks, warm start); the kills hit the day-2 run
 
 For each scenario: one uninterrupted reference run; then the chaos run: start the same command, kill its whole
-process group at a random moment inside a step not done yet (rotating over them; the moment is drawn within the
-reference's time for that step), rerun, kill again, ... --kills times, then one last rerun to completion. The final SIDs
+process group at a random moment inside the next step of a rotation over all steps (drawn within the reference's
+time for that step; when the rotation comes round to a finished step the workdir starts over), rerun, kill again,
+... --kills times, then one last rerun to completion. The final SIDs
 (quantize/sids.parquet), the eval and cold-eval metrics and the recommendations must be identical.
 
     python bench/chaos.py                          # both scenarios, 20 kills each (~15 min on 2 CPU cores)
@@ -57,12 +58,14 @@ def finish(config: Path, workdir: Path, extra: list[str]) -> dict:
     return json.loads(out)
 
 
-def running_step(workdir: Path) -> str:
-    """The step holding the workdir lock right now (what a kill interrupts), or '-' between steps."""
+def running_step(workdir: Path, pid: int) -> str:
+    """The step process ``pid`` holds the workdir lock for right now (what a kill interrupts), or '-'. The lock file
+    outlives a killed holder (the kernel drops only the flock), hence the pid check."""
     try:
-        return json.loads((workdir / ".lock").read_text()).get("step", "-")
+        holder = json.loads((workdir / ".lock").read_text())
     except (OSError, ValueError):
         return "-"
+    return holder.get("step", "-") if holder.get("pid") == pid else "-"
 
 
 def fingerprint(workdir: Path, result: dict) -> dict:
@@ -83,28 +86,26 @@ def _rankings(value):
 
 
 def chaos(config: Path, workdir: Path, extra: list[str], reference: dict, kills: int, seed: int) -> dict:
-    """Kill the run ``kills`` times, each inside a step that is not done yet (rotating over them), at a random
-    moment of that step, then let it finish."""
+    """Kill the run ``kills`` times, rotating over the steps in order (a step already done means the workdir is
+    started over), each at a random moment inside that step, then rerun until it finishes."""
     rng = random.Random(seed)
     seconds = {s["step"]: s["seconds"] for s in reference["steps"]}
     order = list(seconds)
     hits, restarts = [], 0
     while len(hits) < kills:
-        left = [s for s in order if s not in _finished_steps(workdir)]
-        if not left:  # everything finished between kills: start over so the next kill has work to hit
+        target = order[len(hits) % len(order)]
+        if target in _finished_steps(workdir):  # the rotation came round again: start over so every step is hit
             shutil.rmtree(workdir, ignore_errors=True)
             restarts += 1
-            continue
-        target = left[len(hits) % len(left)]
         proc = gencli_run(config, workdir, extra)
-        deadline = time.time() + 600
-        while proc.poll() is None and running_step(workdir) != target and time.time() < deadline:
+        deadline = time.time() + 900
+        while proc.poll() is None and running_step(workdir, proc.pid) != target and time.time() < deadline:
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 0.9 * seconds[target]))
         if proc.poll() is not None:
             proc.communicate()
             continue
-        hit = running_step(workdir)
+        hit = running_step(workdir, proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         hits.append({"aimed_at": target, "hit": hit})

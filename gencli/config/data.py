@@ -69,8 +69,8 @@ class EmbedConfig:
     precision: str = option("float32", "Encoder arithmetic: float32 (exact), int8 (CPU: torch or onnx; vectors move "
                                        "slightly, see docs/benchmarks.md) or float16 (torch on cuda).",
                             choices=EMBED_PRECISIONS)
-    reuse_from: str = option("", "A previous workdir: items whose text it embedded with the same model, template "
-                                 "and dim reuse its vectors; only new or edited items are encoded.")
+    reuse_from: str = option("", "A previous workdir: items whose text it embedded with the same model, template, "
+                                 "dim, backend and precision reuse its vectors; only new or edited items are encoded.")
 
     def __post_init__(self) -> None:
         c = Checks("embed")

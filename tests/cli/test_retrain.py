@@ -212,3 +212,16 @@ def test_a_pointer_file_is_switched_and_read_like_a_link(two_days, tmp_path):
                                       "--json"])
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout.strip().splitlines()[-1])["recommendations"][0]["items"]) == 3
+
+
+def test_vectors_of_another_encoder_are_not_reused(tmp_path):
+    from gencli.core.sid.incremental import PreviousVectors, match_texts
+
+    previous = PreviousVectors(["a", "b"], np.eye(2, dtype=np.float32), {"model": "m", "template": "{title}", "dim": 0,
+                                                                          "backend": "torch", "precision": "float32"},
+                               tmp_path)
+    same = {"model": "m", "template": "{title}", "dim": 0, "backend": "torch", "precision": "float32"}
+    assert previous.mismatch(same) is None
+    assert match_texts(["b", "c", "a"], previous).tolist() == [1, -1, 0]
+    reason = previous.mismatch({**same, "precision": "int8"})
+    assert reason and "precision ('float32' -> 'int8')" in reason

@@ -98,13 +98,14 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
         previous: PreviousVectors | None = None) -> dict[str, Any]:
     """Embed ``texts`` (item order = item index) into ``out_dir/embeddings.npy``.
 
-    With ``previous`` (a retrain's ``--reuse-from``), texts it already encoded with the same model, template
-    and dim take its vectors, and only the others are encoded (the encoder is not even loaded when none is new).
+    With ``previous`` (a retrain's ``--reuse-from``), texts it already encoded with the same model, template,
+    dim, backend and precision take its vectors, and only the others are encoded (the encoder is not even loaded when none is new).
     """
     if not texts:
         raise InputError("there are no items to embed; check the ingest step's items.parquet")
     path = resolve_model_path(cfg.model)
-    params = {"model": cfg.model, "template": cfg.template, "dim": cfg.dim}
+    params = {"model": cfg.model, "template": cfg.template, "dim": cfg.dim, "backend": cfg.backend,
+              "precision": cfg.precision}
     skipped = previous.mismatch(params) if previous is not None else None
     rows = match_texts(texts, previous) if previous is not None and skipped is None else np.full(len(texts), -1)
     todo = np.flatnonzero(rows < 0)

@@ -19,8 +19,8 @@ import polars as pl
 
 from gencli.errors import ArtifactError
 
-# embed options that change the vectors; batch size and device do not
-VECTOR_OPTIONS = ("model", "template", "dim")
+# embed options that change the vectors; batch size and device do not (cpu and cuda float32 agree to rounding)
+VECTOR_OPTIONS = ("model", "template", "dim", "backend", "precision")
 
 
 def text_key(text: str) -> str:
