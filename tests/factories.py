@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import torch
 from tokenizers import AddedToken
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -96,3 +98,25 @@ def sap_scores_by_hand(model, input_ids: torch.Tensor, attention_mask: torch.Ten
             importance[b, i], attention[b, i] = s_sem * s_attn, s_attn
     return {"importance": importance, "attention": attention}
 
+
+TOY_CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])  # build_sid_model's 4 x 4 x 2 codes
+
+
+def toy_splits(n_users: int = 12, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Users walk the catalog in steps of 1 (a learnable pattern); valid = the next item."""
+    rng = np.random.default_rng(seed)
+    seqs = [[(s + j) % len(TOY_CODES) for j in range(int(rng.integers(3, 7)))]
+            for s in rng.integers(0, len(TOY_CODES), n_users)]
+    train = pl.DataFrame({"user_idx": range(n_users), "sequence": seqs}, schema_overrides={"sequence": pl.List(pl.Int32)})
+    valid = pl.DataFrame({"user_idx": range(n_users), "history": seqs, "target": [(s[-1] + 1) % len(TOY_CODES) for s in seqs]},
+                         schema_overrides={"history": pl.List(pl.Int32), "target": pl.Int32})
+    return train, valid
+
+
+def micro_qwen3() -> Qwen3ForCausalLM:
+    """A 1-layer Qwen3 over 32 tokens (hidden 16), seeded: for training-loop tests that need no tokenizer."""
+    config = Qwen3Config(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=32,
+                         pad_token_id=0)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config)

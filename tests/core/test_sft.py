@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import build_sid_model
+from factories import TOY_CODES, build_sid_model, toy_splits
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import StampConfig, TrainConfig
@@ -18,7 +18,7 @@ from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.train import sft
 from gencli.core.train.batches import collate
 
-CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])
+CODES = TOY_CODES
 VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,
                  base_vocab_size=100)
 
@@ -26,17 +26,6 @@ VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 10
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
-
-def toy_splits(n_users: int = 12, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Users walk the catalog in steps of 1 (a learnable pattern); valid = the next item."""
-    rng = np.random.default_rng(seed)
-    seqs = [[(s + j) % len(CODES) for j in range(int(rng.integers(3, 7)))]
-            for s in rng.integers(0, len(CODES), n_users)]
-    train = pl.DataFrame({"user_idx": range(n_users), "sequence": seqs}, schema_overrides={"sequence": pl.List(pl.Int32)})
-    valid = pl.DataFrame({"user_idx": range(n_users), "history": seqs, "target": [(s[-1] + 1) % len(CODES) for s in seqs]},
-                         schema_overrides={"history": pl.List(pl.Int32), "target": pl.Int32})
-    return train, valid
 
 
 def test_prefix_counts_are_exact_on_a_hand_made_frame():

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
-from factories import build_sid_model
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import TOY_CODES, build_sid_model, micro_qwen3, toy_splits
+from transformers import Qwen3ForCausalLM
 
 from gencli.config import EVAL_USERS, SFT_MAX_EPOCHS, TrainConfig
 from gencli.core import artifacts
@@ -23,20 +22,7 @@ from gencli.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CODES = np.array([[i % 4, (i // 4) % 4, i // 16] for i in range(24)])  # build_sid_model's 4 x 4 x 2 codes
-
-
-def toy_splits(n_users: int = 12) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Users walk the catalog in steps of 1; valid = the next item (as in test_sft)."""
-    rng = np.random.default_rng(0)
-    seqs = [[(s + j) % len(CODES) for j in range(int(rng.integers(3, 7)))]
-            for s in rng.integers(0, len(CODES), n_users)]
-    train = pl.DataFrame({"user_idx": range(n_users), "sequence": seqs},
-                         schema_overrides={"sequence": pl.List(pl.Int32)})
-    valid = pl.DataFrame({"user_idx": range(n_users), "history": seqs,
-                          "target": [(s[-1] + 1) % len(CODES) for s in seqs]},
-                         schema_overrides={"history": pl.List(pl.Int32), "target": pl.Int32})
-    return train, valid
+CODES = TOY_CODES
 
 
 def _valid_steps(out) -> list[int]:
@@ -71,12 +57,6 @@ def test_bad_budget_values_are_reported_together():
     assert "--epochs must be >= 0" in text and "--evals-per-epoch must be >= 0" in text and "--patience" in text
 
 
-def _model() -> Qwen3ForCausalLM:
-    config = Qwen3Config(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=32,
-                         pad_token_id=0)
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config)
 
 
 def test_fit_validates_evals_per_epoch_times_an_epoch_and_at_the_end(tmp_path):
@@ -84,7 +64,7 @@ def test_fit_validates_evals_per_epoch_times_an_epoch_and_at_the_end(tmp_path):
     ids = [rng.integers(1, 32, size=6).tolist() for _ in range(8)]
     examples = ListExamples(ids, [[IGNORE_INDEX] * 4 + x[-2:] for x in ids])  # 4 batches of 2 per epoch
     cfg = TrainConfig(device="cpu", batch_size=2, epochs=2.5, evals_per_epoch=3, patience=0)
-    summary = fit(_model(), examples, cfg, tmp_path, pad_id=0, evaluate=lambda model: {"recall@5": 0.1})
+    summary = fit(micro_qwen3(), examples, cfg, tmp_path, pad_id=0, evaluate=lambda model: {"recall@5": 0.1})
     assert summary["eval_every"] == 2 and summary["steps"] == 10
     assert _valid_steps(tmp_path) == [2, 4, 6, 8, 10]
 

@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from factories import micro_qwen3
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
@@ -21,12 +20,6 @@ from gencli.errors import ConfigError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _model() -> Qwen3ForCausalLM:
-    config = Qwen3Config(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=32,
-                         pad_token_id=0)
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config)
 
 
 def _examples() -> ListExamples:
@@ -43,7 +36,7 @@ def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_pat
         calls.append(1)
         return {"recall@5": 0.5}
 
-    summary = fit(_model(), _examples(), cfg, tmp_path, pad_id=0, evaluate=evaluate,
+    summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, evaluate=evaluate,
                   callbacks=[TimeLimit(cfg.max_time, evaluates=True)])
     assert summary["steps"] == 1 and summary["stopped_early"] and summary["stop_reason"] == "max_time"
     assert len(calls) == 1 and summary["best_step"] == 1  # validated before stopping: best/ is the model
@@ -56,7 +49,7 @@ def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_pat
 
 def test_no_cap_trains_every_step(tmp_path):
     cfg = TrainConfig(device="cpu", batch_size=2, max_steps=3)
-    summary = fit(_model(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(3600.0, evaluates=False)])
+    summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(3600.0, evaluates=False)])
     assert summary["steps"] == 3 and not summary["stopped_early"] and summary["stop_reason"] is None
 
 
