@@ -263,6 +263,16 @@ def check_popularity(row: dict, ours: dict) -> None:
         row["popularity_matches_eval"] = True
 
 
+def save_runs(out: Path, results: dict, rows: dict[str, dict]) -> None:
+    """Add ``rows`` to ``results`` and to what ``out`` holds now: two bench processes (say SASRec seeds in one,
+    gencli seeds in another) share one results file without dropping each other's runs."""
+    results["runs"].update(rows)
+    on_disk = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"runs": {}}
+    on_disk["runs"].update(rows)
+    results["runs"].update(on_disk["runs"])
+    write_json_atomic(out, on_disk)
+
+
 def summarise(rows: list[dict]) -> list[str]:
     """Markdown table: mean ± std over seeds per (dataset, split digest, method), and the mean wall time of a run."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
@@ -294,8 +304,7 @@ def sasrec_seeds(args: argparse.Namespace, dataset: str, split: dict, digest: st
         runner, wall = run_sasrec(export_root, f"gencli_{dataset}", seed, out, args.sasrec_epochs,
                                   args.torch_index_url)
         row = {**sasrec_row(dataset, seed, runner, split, wall), "split": digest, "method": label}
-        results["runs"][key] = row
-        write_json_atomic(args.out, results)
+        save_runs(args.out, results, {key: row})
         print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s, "
               f"{row['epochs_run']} epochs); split check: {row['split_check']['users']} users identical", flush=True)
 
@@ -315,8 +324,7 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
                    "gencli_defaults": defaults_digest, "train_config_defaults": defaults["TrainConfig"]}
             row["method"] += f" (defaults {defaults_digest})"
             check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity"])
-            results["runs"][key] = row
-            write_json_atomic(args.out, results)
+            save_runs(args.out, results, {key: row})
             print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s)", flush=True)
 
 
@@ -339,9 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         export_root, digest = export_split(split, args.workroot / dataset, f"gencli_{dataset}")
         print(f"[{dataset}] split {digest}: {len(split['test'])} users, {split['n_items']} items -> {export_root}",
               flush=True)
-        for row in popularity_rows(dataset, split):
-            results["runs"][f"{dataset}/{digest}/{row['method']}"] = {**row, "split": digest}
-        write_json_atomic(args.out, results)
+        save_runs(args.out, results, {f"{dataset}/{digest}/{row['method']}": {**row, "split": digest}
+                                      for row in popularity_rows(dataset, split)})
         if not args.skip_sasrec:
             sasrec_seeds(args, dataset, split, digest, export_root, seeds, results)
         if not args.skip_gencli:

@@ -78,6 +78,6 @@ def prepare_shared(dataset: str, workdir: Path, levels: int, codes: int, seed: i
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temp file + rename, so a crash never leaves a half-written results file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
     tmp.replace(path)

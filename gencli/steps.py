@@ -29,7 +29,7 @@ class Step:
     key_metrics: tuple[str, ...] = ()
     """The few metrics ``gencli status`` shows (dotted keys reach into blocks, e.g. ``overall.recall@5``)."""
     resumable: bool = False
-    """A crash keeps its staging folder (checkpoints) so a plain rerun (or ``--resume``) continues."""
+    """A crash keeps its staging folder (checkpoints, saved chunks) so a plain rerun (or ``--resume``) continues."""
     recorded: bool = True
     """Runs through the workspace and leaves a step folder; False for plain commands (run, status, models)."""
     pipeline: bool = True
@@ -47,7 +47,9 @@ REGISTRY: tuple[Step, ...] = (
     Step("ingest", "ingest", "ingest",
          key_metrics=("users", "items", "interactions", "cold_test_targets")),
     # embed reads the catalog alone: new interactions on known items leave it up to date
-    Step("embed", "embed", "embed", upstream=("ingest/items.parquet",), key_metrics=("items", "dim", "model")),
+    # embed saves its vectors chunk by chunk into the staging folder: a killed run continues after the last chunk
+    Step("embed", "embed", "embed", upstream=("ingest/items.parquet",), resumable=True,
+         key_metrics=("items", "dim", "model")),
     Step("quantize", "quantize", "quantize", upstream=("ingest", "embed"),
          key_metrics=("n_unique_sids", "collision_rate", "max_group_size", "reconstruction_error")),
     Step("init-vocab", "init_vocab", "init_vocab", upstream=("ingest", "quantize"), holds_model=True,

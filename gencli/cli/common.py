@@ -79,14 +79,31 @@ def execute(
     """Run one step in the workspace; returns the step's metrics (or exits with a code).
 
     ``upstream`` defaults to the step's fixed upstream in the registry; a step that reads a chosen model step
-    passes a function of the workspace (see :func:`gencli.cli.inputs.model_upstream`).
+    passes a function of the workspace (see :func:`gencli.cli.inputs.model_upstream`). Under torchrun rank 0
+    runs this and tells the other ranks (:func:`follow`) what to compute.
     """
     from gencli.config import to_dict
+    from gencli.core import dist
     from gencli.ui.output import emit_json, print_step_result
     from gencli.ui.progress import make_progress
 
     quiet_libraries()
     from gencli.workspace import default_workdir
+
+    if dist.launched():
+        if step not in dist.STEPS:
+            fail(InputError(f"gencli {step} runs in one process; torchrun runs {', '.join(dist.STEPS)}: run "
+                            f"`gencli {step}` without torchrun"), json_mode)
+        dist.start(getattr(cfg, "device", "auto"))
+        if not dist.is_main():
+            return follow(workdir, body, upstream)
+    told = False
+
+    def tell(plan: dict[str, Any]) -> None:  # the other ranks wait for this once, whatever happens on rank 0
+        nonlocal told
+        if dist.world_size() > 1 and not told:
+            told = True
+            dist.broadcast(plan)
 
     fresh = not Path(workdir or default_workdir()).exists()  # bad input must not leave an empty workdir behind
     params = {**to_dict(cfg), **(extra_params or {})}
@@ -99,6 +116,7 @@ def execute(
             upstream = registered(step)
         ups = upstream(ws) if callable(upstream) else upstream
         run = ws.begin(step, params, ups, files=files, force=force, resume=resume)
+        tell({"up_to_date": run.up_to_date, "resume": run.resume})
         if run.up_to_date:
             ws.release()
             record = ws.step_record(step)
@@ -107,11 +125,13 @@ def execute(
                 emit_json(result)
             else:
                 print_step_result(step, "up-to-date", record["metrics"], None, str(ws.step_dir(step)))
+            dist.stop()
             return record["metrics"]
         apply_threads()
         metrics = body(run, ws, make_progress(json_mode))
         record = ws.commit(run, metrics, argv=sys.argv)
     except BaseException as error:  # noqa: BLE001 - every failure becomes a clear message + exit code
+        tell({"exit": getattr(error, "exit_code", EXIT_FAILED)})
         if isinstance(error, SystemExit):
             raise
         if run is not None and not run.up_to_date:
@@ -130,6 +150,45 @@ def execute(
         emit_json(result)
     else:
         print_step_result(step, "done", metrics, record["timing"]["seconds"], str(ws.step_dir(step)))
+    dist.stop()
+    return metrics
+
+
+def follow(workdir: Path | None, body: Callable[[Any, Any, Any], dict[str, Any]],
+           upstream: list[str] | Callable[[Any], list[str]] | None) -> dict[str, Any]:
+    """A torchrun rank other than 0: compute what rank 0 computes, in step with it, and write nothing.
+
+    Rank 0 holds the lock, checks and commits; this rank waits for its plan (up to date, resume, or its exit code)
+    and runs the same ``body`` silently into a scratch folder that is deleted afterwards (rank 0 writes the step's
+    files; training reads rank 0's checkpoints, so the workdir must be on a filesystem every node sees).
+    """
+    import shutil
+    import tempfile
+    from types import SimpleNamespace
+
+    from gencli.core import dist
+    from gencli.core.progress import SILENT
+
+    plan = dist.broadcast(None)
+    if "exit" in plan:  # rank 0 failed before any work and says why on its own stderr
+        sys.exit(plan["exit"])
+    if plan["up_to_date"]:
+        dist.stop()
+        return {}
+    scratch = Path(tempfile.mkdtemp(prefix=f"gencli-rank{dist.rank()}-"))
+    try:
+        ws = open_workspace(workdir)
+        if callable(upstream):  # the same choice of model step as rank 0 (it has committed nothing yet)
+            upstream(ws)
+        apply_threads()
+        metrics = body(SimpleNamespace(out_dir=scratch, resume=plan["resume"], up_to_date=False), ws, SILENT)
+    except BaseException as error:  # noqa: BLE001 - as execute: a message and an exit code, on stderr only
+        if isinstance(error, SystemExit):
+            raise
+        fail(error, json_mode=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    dist.stop()
     return metrics
 
 

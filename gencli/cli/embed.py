@@ -17,6 +17,9 @@ from gencli.config import EmbedConfig
 def embed(workdir, json_mode, force, **options):
     """Encode every item's text (item order = item index) and save float32 embeddings.
 
+    Items are encoded and saved --chunk-size at a time; a killed embed rerun with the same command continues after
+    its last saved chunk (--force starts over).
+
     \b
     Examples:
       gencli embed
@@ -34,7 +37,8 @@ def embed(workdir, json_mode, force, **options):
 
         items = tables.load_items(ws.input_dir("ingest", "embed"))
         previous = previous_vectors(cfg.reuse_from, "embed") if cfg.reuse_from else None
-        return core.run(cfg, tables.item_text(items, cfg.template), run.out_dir, progress, previous=previous)
+        return core.run(cfg, tables.item_text(items, cfg.template), run.out_dir, progress, previous=previous,
+                        resume=run.resume)
 
     files = {"reuse-from": Path(cfg.reuse_from) / "embed" / "embeddings.npy"} if cfg.reuse_from else None
     execute(step="embed", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, files=files)

@@ -94,4 +94,4 @@ def previous_vectors(path: str, needed_by: str):
     items = tables.load_items(prev.input_dir("ingest", needed_by))
     texts = tables.item_text(items, record["params"]["template"])
     params = {**record["params"], "model_dim": record["metrics"].get("model_dim", 0)}
-    return PreviousVectors(texts, embed.load_embeddings(folder), params, prev.root)
+    return PreviousVectors(texts, embed.load_embeddings(folder, mmap=True), params, prev.root)

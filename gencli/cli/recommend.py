@@ -70,6 +70,11 @@ def recommend(users, user_file, history, from_stdin, bundle, output, workdir, js
     if not selectors and bundle is None and output is None:
         _run_step(cfg, workdir, json_mode, force)
         return
+    from gencli.core.dist import launched
+
+    require(not launched(), "under torchrun gencli recommend shards the workdir's users (the recorded step, no "
+                            "--user/--history/--stdin/--bundle/--output); run ad-hoc queries in one process",
+            json_mode)
     require(not force, "--force reruns the recorded step; an ad-hoc query (--user, --history, --stdin, --bundle, "
                        "--output) records nothing", json_mode)
     from gencli.cli import recommend_io

@@ -61,6 +61,8 @@ class EmbedConfig:
     template: str = option(DEFAULT_TEMPLATE, "Item text: a format string over item columns; empty fields and their "
                                              "separators are dropped.")
     batch_size: int = option(64, "Texts per encoder batch.")
+    chunk_size: int = option(512, "Texts encoded and saved to disk per chunk: memory stays one chunk of vectors, and a "
+                                  "killed embed continues after its last saved chunk.")
     dim: int = option(0, "Matryoshka truncation to the first D dims, then re-normalise (0 keeps the model's dim).")
     device: str = device_option()
     backend: str = option("torch", "Encoder runtime: torch (sentence-transformers), or on the CPU onnx (onnxruntime, "
@@ -75,6 +77,7 @@ class EmbedConfig:
     def __post_init__(self) -> None:
         c = Checks("embed")
         c.positive("batch-size", self.batch_size)
+        c.positive("chunk-size", self.chunk_size)
         c.positive("dim", self.dim, allow_zero=True)
         c.choice("device", self.device, DEVICES)
         c.choice("backend", self.backend, EMBED_BACKENDS)

@@ -1,6 +1,8 @@
-"""Device and dtype resolution shared by every step that touches a model."""
+"""Device and dtype resolution shared by every step that touches a model, and the process's peak memory."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -8,11 +10,14 @@ from gencli.errors import InputError
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> cuda when available, else cpu. 'cuda' without a GPU is a user error."""
+    """'auto' -> cuda when available, else cpu. 'cuda' without a GPU is a user error. Plain cuda is the current
+    device (under torchrun ``cuda:LOCAL_RANK``, set by :func:`gencli.core.dist.start`)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for but no CUDA device is visible; use --device cpu or auto")
+    if name == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(name)
 
 
@@ -23,3 +28,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident set size so far in MiB (``getrusage``: KiB on Linux, bytes on macOS); None where
+    the ``resource`` module does not exist (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)

@@ -21,15 +21,17 @@ def wants_progress(json_mode: bool) -> bool:
 
 class LogProgress:
     """Off a terminal (cron logs): one plain line on stderr when a task starts, then at most every
-    ``every`` seconds (done/total, rate, elapsed), and one when it ends; no control characters."""
+    ``every`` seconds (done/total, rate, elapsed), and one when it ends (with the rate when the task names its
+    ``unit``); no control characters."""
 
     def __init__(self, every: float = LOG_EVERY_S) -> None:
         self.every = every
 
     @contextmanager
-    def track(self, description: str, total: int | None = None) -> Iterator[Advance]:
+    def track(self, description: str, total: int | None = None, unit: str = "") -> Iterator[Advance]:
         import time
 
+        per_s = f" {unit}/s" if unit else "/s"
         start = last = time.monotonic()
         done = 0
         self._line(f"{description}: started" + (f" ({total:,} to do)" if total else ""))
@@ -40,11 +42,13 @@ class LogProgress:
             now = time.monotonic()
             if now - last >= self.every:
                 last = now
-                self._line(f"{description}: {self._count(done, total)}, {done / max(now - start, 1e-9):,.1f}/s, "
+                self._line(f"{description}: {self._count(done, total)}, {done / max(now - start, 1e-9):,.1f}{per_s}, "
                            f"{now - start:,.0f} s")
 
         yield advance
-        self._line(f"{description}: done {self._count(done, total)} in {time.monotonic() - start:,.1f} s")
+        elapsed = time.monotonic() - start
+        rate = f", {done / max(elapsed, 1e-9):,.1f}{per_s}" if unit and done else ""
+        self._line(f"{description}: done {self._count(done, total)} in {elapsed:,.1f} s{rate}")
 
     @staticmethod
     def _count(done: int, total: int | None) -> str:
@@ -69,7 +73,7 @@ class RichProgress:
         self.console = Console(stderr=True)
 
     @contextmanager
-    def track(self, description: str, total: int | None = None) -> Iterator[Advance]:
+    def track(self, description: str, total: int | None = None, unit: str = "") -> Iterator[Advance]:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -81,13 +85,26 @@ class RichProgress:
         from rich.progress import Progress as Bar
 
         columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn()]
+                   *([_rate_column(unit)] if unit else []), TimeElapsedColumn(), TimeRemainingColumn()]
         with Bar(*columns, console=self.console, transient=True) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n=1: bar.advance(task, n)
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{message}[/dim]")
+
+
+def _rate_column(unit: str):
+    """A rich column showing the task's rate as '123.4 items/s' (rich's own speed estimate)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:,.1f} {unit}/s" if speed else f"- {unit}/s", style="progress.data.speed")
+
+    return RateColumn()
 
 
 def make_progress(json_mode: bool) -> Progress:

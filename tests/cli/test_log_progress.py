@@ -22,6 +22,14 @@ def test_log_progress_lines_start_tick_and_end(capsys):
         "embedding items: done 4/4 (100%) in 0.0 s"]
 
 
+def test_a_task_with_a_unit_logs_its_rate_also_at_the_end(capsys):
+    with LogProgress(every=0.0).track("embedding items", total=4, unit="items") as advance:
+        advance(4)
+    tick, done = capsys.readouterr().err.splitlines()[1:]
+    assert re.search(r"4/4 \(100%\), [\d,.]+ items/s, \d+ s$", tick), tick
+    assert re.search(r"done 4/4 \(100%\) in [\d.]+ s, [\d,.]+ items/s$", done), done
+
+
 def test_quiet_when_json_ci_or_disabled(monkeypatch):
     monkeypatch.delenv("GENCLI_NO_PROGRESS", raising=False)
     monkeypatch.delenv("CI", raising=False)

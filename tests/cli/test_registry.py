@@ -21,7 +21,7 @@ def test_model_steps_and_what_auto_tries():
     assert model_steps() == ("init-vocab", "cpt", "sft")
     assert model_candidates("sft") == ("cpt", "init-vocab")  # sft never starts from itself
     assert model_candidates("eval") == ("sft", "cpt", "init-vocab")
-    assert all(STEPS[s].resumable == (s in ("cpt", "sft")) for s in STEPS)
+    assert all(STEPS[s].resumable == (s in ("embed", "cpt", "sft")) for s in STEPS)
 
 
 def test_every_available_command_resolves_and_plain_commands_are_not_steps():

@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from gencli.config import StampConfig
+from gencli.core import dist
 from gencli.core.infer.trie import SidTrie
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count, prune_prompts
@@ -211,9 +212,12 @@ def constrained_beam_search(
     scores = np.full((n, top_k), -np.inf, dtype=np.float32)
     # longest prompts first: batches of similar length waste little on padding, and memory peaks early
     order = sorted(range(n), key=lambda i: -len(prompts[i]))
-    with torch.inference_mode(), progress.track("decode", n) as advance:
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+    # under torchrun each rank decodes every N-th batch; a batch decodes the same wherever it runs, so the
+    # gathered result equals one process's exactly
+    batches = dist.shard([order[start : start + batch_size] for start in range(0, n, batch_size)])
+    done = []
+    with torch.inference_mode(), progress.track("decode", sum(map(len, batches))) as advance:
+        for idx in batches:
             dead = None
             if banned is not None:
                 dead = [keys.to(device) for keys in trie.dead_keys([banned[i] for i in idx])]
@@ -221,7 +225,9 @@ def constrained_beam_search(
                 model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
-            items[idx] = batch_items.cpu().numpy()
-            scores[idx] = batch_scores.cpu().numpy()
+            done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy()))
             advance(len(idx))
+    for part in dist.gather(done) if dist.world_size() > 1 else [done]:
+        for idx, batch_items, batch_scores in part:
+            items[idx], scores[idx] = batch_items, batch_scores
     return items, scores

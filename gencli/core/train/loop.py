@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from gencli.config import TrainConfig, to_dict
-from gencli.core import artifacts
+from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.lm.loss import LossFn
+from gencli.core.lm.loss import IGNORE_INDEX, LossFn
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import Examples, batches_per_epoch, collate, epoch_batches
@@ -56,6 +56,7 @@ from gencli.core.train.checkpoints import (
     set_rng_state,
 )
 from gencli.core.train.step import (
+    DistributedLoss,
     StepResult,
     default_param_groups,
     eval_interval,
@@ -75,8 +76,20 @@ def batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id:
         while state.batch_in_epoch < len(order):
             indices = order[state.batch_in_epoch]
             state.batch_in_epoch += 1
-            yield collate(dataset, indices, pad_id)
+            yield local_batch(dataset, indices, pad_id)
         state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+
+
+def local_batch(dataset: Examples, indices: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
+    """This process's rows of a global batch: all of them, or under torchrun every N-th (:func:`dist.shard`), so
+    ``--batch-size`` stays the global batch. A rank left without rows (a batch smaller than the world) gets one row
+    with no targets: it joins DDP's gradient exchange with zero gradients."""
+    mine = dist.shard(indices)
+    if len(mine):
+        return collate(dataset, mine, pad_id)
+    batch = collate(dataset, indices[:1], pad_id)
+    batch["targets"].fill_(IGNORE_INDEX)
+    return batch
 
 
 def fit(
@@ -120,9 +133,11 @@ def fit(
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     existing = list_checkpoints(ckpt_dir) if resume else []
-    resumed_from = existing[-1] if existing else None
+    resumed_from = dist.broadcast(existing[-1] if existing else None)  # torchrun: every rank loads rank 0's
     if resumed_from is not None:
         run.restore(resumed_from)
+    if dist.world_size() > 1:
+        loss_fn = DistributedLoss(model, loss_fn, device)
     log = MetricsLog(out_dir / artifacts.METRICS_JSONL, run.state.global_step if resumed_from else None)
     saved_step = run.state.global_step if resumed_from else -1
 
@@ -144,6 +159,7 @@ def fit(
 
         control = Control()
         fire(run.callbacks, "on_step_end", state, control)
+        control = _agree(control, state)
         if control.should_log:
             last_loss = window["loss"] / max(1, window["targets"])
             log.write({"kind": "train", "step": state.global_step, "epoch": round(state.epoch_float, 4),
@@ -152,6 +168,7 @@ def fit(
             window = dict.fromkeys(window, 0)
         if control.should_evaluate:
             log.write(run.validate(evaluate, metric, out_dir / artifacts.BEST_DIR, control))
+            control = _agree(control, state)
         state.stopped = control.should_stop
         if control.should_save:
             saved_step = run.save_checkpoint()
@@ -161,7 +178,9 @@ def fit(
     log.close()
 
     best = out_dir / artifacts.BEST_DIR
-    if best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
+    if not dist.is_main():  # under torchrun, rank 0 writes the model
+        pass
+    elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
         save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
     else:
         save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
@@ -182,6 +201,15 @@ def fit(
         "evals": state.evals,
         "resumed_from_step": None if resumed_from is None else checkpoint_step(resumed_from),
     }
+
+
+def _agree(control: Control, state: TrainState) -> Control:
+    """Under torchrun, rank 0's decisions for every rank: a wall-clock limit (``--max-time``) must stop all ranks
+    at the same step, or they would wait on each other forever."""
+    if dist.world_size() == 1:
+        return control
+    control, state.stop_reason = dist.broadcast((control, state.stop_reason))
+    return control
 
 
 def _prepare_out_dir(out_dir: Path, resume: bool) -> Path:
@@ -238,7 +266,8 @@ class _Run:
         is_best = state.best_metric is None or value > state.best_metric
         if is_best:
             state.best_metric, state.best_step = value, state.global_step
-            save_atomic(best_dir, self.save_model)
+            if dist.is_main():
+                save_atomic(best_dir, self.save_model)
         record = {"kind": "valid", "step": state.global_step, "epoch": round(state.epoch_float, 4), **metrics,
                   "is_best": is_best, "eval_time_s": round(time.perf_counter() - t0, 3)}
         state.evals.append({"step": state.global_step, metric: value})
@@ -246,7 +275,9 @@ class _Run:
         return record
 
     def save_checkpoint(self) -> int:
-        """Write a complete, atomic checkpoint of this step and keep the newest ``keep_checkpoints``."""
+        """Write a complete, atomic checkpoint of this step and keep the newest ``keep_checkpoints`` (rank 0 only)."""
+        if not dist.is_main():
+            return self.state.global_step
         save_atomic(self.ckpt_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step:06d}", self._write_checkpoint)
         for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old)

@@ -3,6 +3,7 @@ parameter groups, the learning-rate schedule and the step itself (forward/backwa
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from gencli.config import StampConfig, TrainConfig
+from gencli.core import dist
 from gencli.core.lm.loss import IGNORE_INDEX, LossFn, TokenLoss
 from gencli.core.stamp.loss import StampLoss
 from gencli.core.train.batches import batches_per_epoch
@@ -29,24 +31,28 @@ def forward_backward(
     scaler: torch.amp.GradScaler,
     device: torch.device,
     amp_dtype: torch.dtype,
-    n_targets: int,
+    denominator: float,
     clock: Callable[[str], None] | None = None,
 ) -> float:
     """Accumulate the gradients of one optimizer step's micro-batches; returns the summed loss.
 
-    loss = sum over the step's target tokens / their count, whatever grad_accum is. ``clock(phase)``
-    (profiling) is called at the end of each phase: "data" (host to device), "forward", "backward".
+    Each micro-batch's summed loss is divided by ``denominator`` (the step's target count, so the loss is their
+    mean whatever grad_accum is). ``clock(phase)`` (profiling) is called at the end of each phase: "data" (host
+    to device), "forward", "backward". Under DDP (:class:`DistributedLoss`) gradients are exchanged once, after
+    the last micro-batch.
     """
     step_loss = 0.0
-    for batch in micro:
+    for i, batch in enumerate(micro):
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         if clock:
             clock("data")
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
-            ce = loss_fn(model, batch)
-        if clock:
-            clock("forward")
-        scaler.scale(ce / max(1, n_targets)).backward()
+        defer = i < len(micro) - 1 and hasattr(loss_fn, "no_sync")
+        with loss_fn.no_sync() if defer else contextlib.nullcontext():  # type: ignore[union-attr]
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+                ce = loss_fn(model, batch)
+            if clock:
+                clock("forward")
+            scaler.scale(ce / denominator).backward()
         step_loss += float(ce.detach())
         if clock:
             clock("backward")
@@ -80,8 +86,14 @@ def train_step(
     the update (callbacks' ``on_pre_optimizer_step``); ``clock`` also gets an "optimizer" phase at the end.
     """
     n_targets = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro)
-    n_inputs = sum(int(b["attention_mask"].sum()) for b in micro)
-    loss = forward_backward(model, micro, loss_fn, scaler, device, amp_dtype, n_targets, clock)
+    # a rank's filler batch (no rows of its own, see loop.local_batch) has no targets and counts no inputs
+    n_inputs = sum(int(b["attention_mask"].sum()) for b in micro if bool((b["targets"] != IGNORE_INDEX).any()))
+    world = dist.world_size()
+    if world > 1:  # the global counts: DDP averages gradients over ranks, so dividing by count / world gives the
+        n_targets, n_inputs = (int(v) for v in dist.all_sum([n_targets, n_inputs]))  # single process's update
+    loss = forward_backward(model, micro, loss_fn, scaler, device, amp_dtype, max(1, n_targets) / world, clock)
+    if world > 1:
+        loss = dist.all_sum([loss])[0]
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf")))
@@ -93,6 +105,35 @@ def train_step(
     if clock:
         clock("optimizer")
     return StepResult(loss, n_targets, n_inputs, grad_norm)
+
+
+class _LossModule(torch.nn.Module):
+    """``loss_fn(model, batch)`` as a module's forward, so DistributedDataParallel can wrap it."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: LossFn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.loss_fn(self.model, batch)
+
+
+class DistributedLoss:
+    """A loss run through torch's DistributedDataParallel (torchrun): the same ``loss_fn(model, batch)``, with
+    gradients averaged over the ranks during backward. Wraps the model after any resume, so DDP's initial
+    broadcast of rank 0's weights changes nothing."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: LossFn, device: torch.device):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.ddp = DistributedDataParallel(_LossModule(model, loss_fn), forward_sync_buffers=False,
+                                           device_ids=[device.index] if device.type == "cuda" else None)
+
+    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.ddp(batch)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return self.ddp.no_sync()
 
 
 def default_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
