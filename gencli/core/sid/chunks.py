@@ -16,11 +16,12 @@ record, leaving only the matrix.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from gencli.fileio import write_json_atomic
 
 RECORD_SUFFIX = ".progress.json"  # beside the matrix: embeddings.npy -> embeddings.npy.progress.json
 FORMAT = 1
@@ -68,26 +69,26 @@ class MatrixFile:
         self.matrix.flush()
         self.done, self.info = done, {**self.info, **info}
         record = {"key": self.key, "shape": list(self.matrix.shape), "done": done, "info": self.info}
-        _write_json_atomic(self.record, record)
+        write_json_atomic(self.record, record)
 
     def finish(self) -> None:
         """Flush and close the matrix, then drop the record: ``path`` is the finished ``.npy``."""
         assert self.matrix is not None, "create() or reopen() first"
         self.matrix.flush()
         self.matrix = None  # the last reference: numpy unmaps the file
-        self.record.unlink(missing_ok=True)
-        _tmp(self.record).unlink(missing_ok=True)
+        for p in (self.record, *self._leftovers()):
+            p.unlink(missing_ok=True)
 
     def discard(self) -> None:
         """Forget an earlier attempt: the record first (so a kill in between never pairs it with a new matrix)."""
         self.matrix = None
         self.done, self.info = 0, {}
-        for p in (self.record, _tmp(self.record), self.path):
+        for p in (self.record, *self._leftovers(), self.path):
             p.unlink(missing_ok=True)
 
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
+    def _leftovers(self) -> list[Path]:
+        """Temp files of a record write that a kill interrupted (see :func:`gencli.fileio.write_json_atomic`)."""
+        return list(self.record.parent.glob(f".{self.record.name}.*.tmp"))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -96,22 +97,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):  # missing, or cut short (cannot happen with the atomic write, but never trust it)
         return None
     return value if isinstance(value, dict) else None
-
-
-def _write_json_atomic(path: Path, value: Any) -> None:
-    tmp = _tmp(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:  # the rename itself durable; a no-op where folders cannot be opened (Windows)
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
