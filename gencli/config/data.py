@@ -92,6 +92,10 @@ class EmbedConfig:
         c.done()
 
 
+KMEANS_MODES = ("auto", "full", "minibatch")  # quantize --kmeans
+MINIBATCH_ABOVE_ROWS = 100_000  # --kmeans auto: mini-batch k-means above this many items
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
     """Options of ``gencli quantize`` (residual k-means)."""
@@ -101,6 +105,16 @@ class QuantizeConfig:
     max_iter: int = option(50, "Lloyd iterations per level at most; a level stops early when no label changes.")
     seed: int = option(0, "Seed of k-means++ initialisation.")
     batch_size: int = option(65536, "Rows per distance batch (bounds memory on large catalogs).")
+    kmeans: str = option("auto", "full: k-means++ on every item, then Lloyd (--max-iter). minibatch: k-means++ on a "
+                                 "sample, --minibatch-steps updates of --minibatch-size random items (Sculley), then "
+                                 "one exact assignment of every item (one pass over the items per level instead of "
+                                 "up to --max-iter; slightly higher error). auto: minibatch above "
+                                 f"{MINIBATCH_ABOVE_ROWS:,} items, else full (by item count only: both modes hold "
+                                 "the same items x dim residuals, and the same inputs give the same mode, hence the "
+                                 "same SIDs, on every machine).", choices=KMEANS_MODES)
+    minibatch_size: int = option(4096, "minibatch: items drawn per update step (the k-means++ seeding sample is "
+                                       "max(3 x this, 10 x codes) items).")
+    minibatch_steps: int = option(300, "minibatch: update steps per level (no early stop).")
     device: str = device_option()
     codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
                                      "retraining).")
@@ -111,6 +125,9 @@ class QuantizeConfig:
         c.require(all(k >= 2 for k in self.codes), f"every codebook size must be >= 2 (got {list(self.codes)})")
         c.positive("max-iter", self.max_iter)
         c.positive("batch-size", self.batch_size)
+        c.choice("kmeans", self.kmeans, KMEANS_MODES)
+        c.positive("minibatch-size", self.minibatch_size)
+        c.positive("minibatch-steps", self.minibatch_steps)
         c.choice("device", self.device, DEVICES)
         c.done()
 

@@ -38,9 +38,10 @@ class KMeansResult:
     centers: torch.Tensor
     labels: torch.Tensor
     iterations: int
-    """Lloyd iterations run (E-step + M-step each), as scikit-learn counts ``n_iter_``."""
-    converged: bool
-    """True when an iteration changed no label (else max_iter was reached)."""
+    """Lloyd iterations run (E-step + M-step each), as scikit-learn counts ``n_iter_``; mini-batch update steps
+    for :func:`gencli.core.sid.minibatch.minibatch_kmeans`."""
+    converged: bool | None
+    """True when an iteration changed no label (else max_iter was reached); None for mini-batch k-means."""
     reseeded: int
     """Empty clusters re-seeded over the whole fit."""
 
@@ -51,7 +52,8 @@ def nearest(
     """Index of the nearest centroid for every row, and the squared distance to it.
 
     Ties go to the lowest centroid index. Distances are clamped at 0 (the expansion can
-    round slightly below). ``u_sqnorm`` (the rows' squared norms) is computed when not given.
+    round slightly below). ``u_sqnorm`` (the rows' squared norms) is computed block by block
+    when not given (no n x d temporary).
     """
     n = u.shape[0]
     c_sqnorm = (centers * centers).sum(1)
@@ -62,9 +64,12 @@ def nearest(
         stop = min(start + batch_size, n)
         block = torch.addmm(c_sqnorm, u[start:stop], minus_2ct)  # ||c||^2 - 2 u c^T, [rows, K]
         torch.min(block, 1, out=(dist[start:stop], labels[start:stop]))
-    if u_sqnorm is None:
-        u_sqnorm = (u * u).sum(1)
-    return labels, dist.add_(u_sqnorm).clamp_min_(0.0)
+        if u_sqnorm is None:
+            rows = u[start:stop]
+            dist[start:stop] += (rows * rows).sum(1)
+    if u_sqnorm is not None:
+        dist.add_(u_sqnorm)
+    return labels, dist.clamp_min_(0.0)
 
 
 def kmeans_plusplus(

@@ -3,9 +3,10 @@
 Algorithm. ``r_0 = x`` (the item embeddings). At each level ``l`` the residual is re-normalised,
 ``u_l = r_l / ||r_l||`` (a residual with norm <= 1e-6, e.g. a point equal to its centroid, becomes
 the zero vector instead of amplified rounding noise), k-means (greedy k-means++ seeding, Lloyd;
-see :mod:`gencli.core.sid.kmeans`) gives codebook ``C_l`` [K_l, d] and codes
-``k_l = argmin_k ||u_l - C_l[k]||^2``, and ``r_{l+1} = u_l - C_l[k_l]``. Codebooks live in this
-normalised residual space.
+see :mod:`gencli.core.sid.kmeans`; with ``--kmeans minibatch``, or ``auto`` on large catalogs,
+mini-batch updates then one exact assignment: :mod:`gencli.core.sid.minibatch`) gives codebook
+``C_l`` [K_l, d] and codes ``k_l = argmin_k ||u_l - C_l[k]||^2``, and ``r_{l+1} = u_l - C_l[k_l]``.
+Codebooks live in this normalised residual space.
 
 Dedup level. Items sharing all L codes get an extra code 0, 1, 2, ... in item order (GRID
 style), so every item has a unique SID of L+1 codes; the dedup codebook size is the largest
@@ -33,9 +34,10 @@ import torch
 
 from gencli.config import QuantizeConfig
 from gencli.core import artifacts
-from gencli.core.device import resolve_device
+from gencli.core.device import peak_rss_mib, resolve_device
 from gencli.core.progress import SILENT, Progress
 from gencli.core.sid.kmeans import kmeans, nearest
+from gencli.core.sid.minibatch import minibatch_kmeans, resolve_mode
 from gencli.core.sid.store import PreviousCodebooks, collision_stats, usage_stats, write_outputs
 from gencli.errors import ArtifactError, InputError
 
@@ -64,25 +66,40 @@ def residual_kmeans(
     batch_size: int = 65536,
     device: torch.device | str = "cpu",
     progress: Progress = SILENT,
+    kmeans_mode: str = "full",
+    minibatch_size: int = 4096,
+    minibatch_steps: int = 300,
 ) -> tuple[list[torch.Tensor], torch.Tensor, list[dict[str, Any]]]:
     """Train one codebook per level on the re-normalised residuals (see the module docstring).
 
+    ``kmeans_mode``: full (k-means++ on every row, Lloyd), minibatch (:mod:`gencli.core.sid.minibatch`:
+    ``minibatch_steps`` updates of ``minibatch_size`` rows, then one exact assignment pass) or auto
+    (:func:`~gencli.core.sid.minibatch.resolve_mode`: minibatch above MINIBATCH_ABOVE_ROWS rows).
+
     Returns the codebooks (float32 [K_l, d] each, on CPU), the codes (int64 [n, L], on CPU) and
-    per-level stats: codes, iterations, converged, reseeded (empty clusters re-seeded), used,
-    utilisation, perplexity, quant_error. Raises InputError when there are fewer items than codes.
+    per-level stats: codes, iterations (Lloyd iterations or mini-batch steps),
+    converged (None for minibatch), reseeded (empty clusters re-seeded), used, utilisation, perplexity,
+    quant_error. Raises InputError when there are fewer items than codes.
     """
     x = np.asarray(x) if not isinstance(x, torch.Tensor) else x
     n = int(x.shape[0])
     _check_enough_items(n, codes)
     u = _as_tensor(x, device)
     normalise(u)
+    mode = resolve_mode(kmeans_mode, n)
     generator = torch.Generator(device="cpu").manual_seed(int(seed))
     books: list[torch.Tensor] = []
     labels_per_level: list[torch.Tensor] = []
     stats: list[dict[str, Any]] = []
     for level, k in enumerate(codes):
-        with progress.track(f"quantize level {level} (k-means++ {k}, Lloyd {max_iter})", total=k + max_iter) as adv:
-            fit = kmeans(u, int(k), int(max_iter), generator, int(batch_size), adv)
+        if mode == "full":
+            with progress.track(f"quantize level {level} (k-means++ {k}, Lloyd {max_iter})", total=k + max_iter) as adv:
+                fit = kmeans(u, int(k), int(max_iter), generator, int(batch_size), adv)
+        else:
+            with progress.track(f"quantize level {level} (mini-batch k-means {k}, {minibatch_steps} steps)",
+                                total=k + minibatch_steps + 1) as adv:
+                fit = minibatch_kmeans(u, int(k), int(minibatch_steps), int(minibatch_size), generator,
+                                       int(batch_size), adv)
         residual_norms = _to_residual(u, fit.centers, fit.labels, batch_size)
         labels = fit.labels.cpu()
         books.append(fit.centers.cpu())
@@ -210,19 +227,22 @@ def run(
 
     Metrics: items, dim, levels, codes, dedup_codes, collision_rate, max_group_size, n_unique_sids,
     reconstruction_error, per_level (used, utilisation, perplexity, quant_error, and when trained
-    iterations, converged, reseeded), mode, items_new, items_kept (+ items_dropped, codebooks_from).
+    iterations, converged, reseeded), mode, kmeans (full or minibatch; None with ``previous``), items_new,
+    items_kept (+ items_dropped, codebooks_from), peak_rss_mib (the process's peak resident memory so far).
     """
     x = _check_embeddings(embeddings, item_ids)
     device = resolve_device(cfg.device)
     n = len(x)
     if previous is None:
+        mode = resolve_mode(cfg.kmeans, n)
         books_t, codes_t, level_stats = residual_kmeans(
-            x, cfg.codes, cfg.max_iter, cfg.seed, cfg.batch_size, device, progress
+            x, cfg.codes, cfg.max_iter, cfg.seed, cfg.batch_size, device, progress, mode, cfg.minibatch_size,
+            cfg.minibatch_steps,
         )
         books = [b.numpy() for b in books_t]
         base = codes_t.numpy()
         full = np.concatenate([base, dedup_level(base)[:, None]], axis=1)
-        extra: dict[str, Any] = {"mode": "train", "items_new": n, "items_kept": 0}
+        extra: dict[str, Any] = {"mode": "train", "kmeans": mode, "items_new": n, "items_kept": 0}
     else:
         books, full, extra = _reuse(previous, x, item_ids, cfg, device, progress)
         level_stats = [{"level": lv, "codes": len(b), **usage_stats(full[:, lv], len(b))} for lv, b in enumerate(books)]
@@ -246,6 +266,7 @@ def run(
         "reconstruction_error": recon,
         "per_level": level_stats,
         **extra,
+        "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -303,6 +324,7 @@ def _reuse(
     dropped = len(previous.item_ids) - int(kept.sum())
     extra = {
         "mode": "codebooks_from",
+        "kmeans": None,
         "items_new": int(new.size),
         "items_kept": int(kept.sum()),
         "items_dropped": dropped,

@@ -1,0 +1,48 @@
+"""gencli quantize --kmeans minibatch through the real CLI on the embedded sample data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+from click.testing import CliRunner
+
+from gencli.cli import cli
+from gencli.core.sid import quantize, store
+from gencli.errors import EXIT_BAD_INPUT
+
+
+def _run(workdir, *args):
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"])
+    lines = result.stdout.strip().splitlines()
+    return result, (json.loads(lines[-1]) if lines else {})
+
+
+def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(embedded_workdir, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(embedded_workdir, wd)
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16", "--kmeans", "minibatch", "--minibatch-size", "256",
+                "--minibatch-steps", "5")
+    assert r.exit_code == 0, r.output
+    metrics = p["metrics"]
+    assert metrics["kmeans"] == "minibatch" and [lv["iterations"] for lv in metrics["per_level"]] == [5, 5]
+    assert metrics["peak_rss_mib"] > 0
+    params = json.loads((wd / "quantize" / "step.json").read_text())["params"]
+    assert (params["kmeans"], params["minibatch_size"], params["minibatch_steps"]) == ("minibatch", 256, 5)
+    # every item's codes are the nearest centroids of the written codebooks, level by level
+    x = np.load(wd / "embed" / "embeddings.npy")
+    codes = store.load_item_codes(wd / "quantize")
+    assert np.array_equal(quantize.assign(x, store.load_codebook_list(wd / "quantize")).numpy(), codes[:, :2])
+    # auto on the 891 sample items is full mode
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16", "--force")
+    assert r.exit_code == 0 and p["metrics"]["kmeans"] == "full"
+
+
+def test_bad_kmeans_options_are_refused_together(tmp_path):
+    r = CliRunner().invoke(cli, ["quantize", "--minibatch-size", "0", "--minibatch-steps", "0", "--workdir",
+                                 str(tmp_path / "w")])
+    assert r.exit_code == EXIT_BAD_INPUT
+    assert "--minibatch-size must be > 0" in r.output and "--minibatch-steps must be > 0" in r.output
+    r = CliRunner().invoke(cli, ["quantize", "--kmeans", "fast", "--workdir", str(tmp_path / "w")])
+    assert r.exit_code == 2 and "fast" in r.output
