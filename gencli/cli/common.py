@@ -183,7 +183,7 @@ def follow(workdir: Path | None, body: Callable[[Any, Any, Any], dict[str, Any]]
         if callable(upstream):  # the same choice of model step as rank 0 (it has committed nothing yet)
             upstream(ws)
         apply_threads()
-        metrics = body(SimpleNamespace(out_dir=scratch, resume=plan["resume"], up_to_date=False), ws, SILENT)
+        body(SimpleNamespace(out_dir=scratch, resume=plan["resume"], up_to_date=False), ws, SILENT)
     except BaseException as error:  # noqa: BLE001 - as execute: a message and an exit code, on stderr only
         if isinstance(error, SystemExit):
             raise
@@ -191,7 +191,7 @@ def follow(workdir: Path | None, body: Callable[[Any, Any, Any], dict[str, Any]]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     dist.stop()
-    return metrics
+    return {}  # rank 0 reports the metrics and any warnings
 
 
 def build_config(cls: type, json_mode: bool, **fields: Any) -> Any:

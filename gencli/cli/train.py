@@ -87,5 +87,9 @@ def sft(workdir, json_mode, force, resume, **options):
                            tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=run.resume)
         return {"started_from": chosen["step"], **metrics}
 
-    execute(step="sft", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body,
-            resume=resume)
+    metrics = execute(step="sft", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream,
+                      body=body, resume=resume)
+    if metrics.get("warnings") and not json_mode:  # --json carries them in metrics.warnings
+        from gencli.ui.output import print_warnings
+
+        print_warnings(metrics["warnings"])

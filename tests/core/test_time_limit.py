@@ -15,6 +15,7 @@ from gencli.core.train.batches import ListExamples
 from gencli.core.train.callbacks import TimeLimit
 from gencli.core.train.checkpoints import list_checkpoints
 from gencli.core.train.loop import fit
+from gencli.core.train.sft import cut_schedule_warning
 from gencli.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,3 +57,19 @@ def test_no_cap_trains_every_step(tmp_path):
 def test_negative_max_time_is_rejected():
     with pytest.raises(ConfigError, match="--max-time must be >= 0"):
         TrainConfig(max_time=-1)
+
+
+def test_a_time_cut_schedule_is_warned_about_with_the_steps_that_fit(tmp_path):
+    """--max-time stopping at step 1 of 50 (still in the 3 warmup steps) says so and names the --max-steps that fit;
+    a stop once the rate is under a quarter of its peak, or any other stop, says nothing."""
+    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=50, max_time=1e-9)
+    summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(cfg.max_time, False)])
+    assert (summary["steps"], summary["max_steps"], summary["warmup_steps"]) == (1, 50, 3)
+    assert cut_schedule_warning(summary, cfg) == (
+        "--max-time stopped sft at step 1 of the 50 its learning-rate schedule spans (2%), before the rate had "
+        "decayed; a schedule that decays within the budget usually generalises better (docs/usage.md). About 1 "
+        "steps fit in 1e-09 s at this speed: give --max-steps 1 (or a smaller --epochs) with the same --max-time")
+    # after warmup: cosine factor 0.5 * (1 + cos(pi * (s - 3) / 47)) is 0.260 at step 34 (warned), 0.231 at step 35
+    assert cut_schedule_warning({**summary, "steps": 34}, cfg) is not None
+    assert cut_schedule_warning({**summary, "steps": 35}, cfg) is None
+    assert cut_schedule_warning({**summary, "stop_reason": "patience"}, cfg) is None

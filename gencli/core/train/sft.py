@@ -41,7 +41,7 @@ from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
 from gencli.core.train.loop import fit
-from gencli.core.train.step import make_loss
+from gencli.core.train.step import lr_factor, make_loss
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
@@ -108,6 +108,21 @@ def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cf
                 "users": len(evaluator.targets)}
 
     return evaluate
+
+
+def cut_schedule_warning(summary: dict[str, Any], cfg: TrainConfig) -> str | None:
+    """A warning when ``--max-time`` stopped training before the learning rate had decayed (still warming up, or
+    above a quarter of its peak): the schedule spans the epoch cap, not the time budget, and its decay is what
+    generalises."""
+    steps, total, warmup = summary["steps"], summary["max_steps"], summary["warmup_steps"]
+    if summary.get("stop_reason") != "max_time" or steps >= total:
+        return None
+    if steps >= warmup and lr_factor(steps, warmup, total, cfg.schedule) <= 0.25:
+        return None
+    return (f"--max-time stopped sft at step {steps} of the {total} its learning-rate schedule spans "
+            f"({steps / total:.0%}), before the rate had decayed; a schedule that decays within the budget usually "
+            f"generalises better (docs/usage.md). About {steps} steps fit in {cfg.max_time:g} s at this speed: give "
+            f"--max-steps {steps} (or a smaller --epochs) with the same --max-time")
 
 
 def sid_rows(vocab: SidVocab) -> list[int]:
@@ -181,7 +196,9 @@ def run(
     vocab_record["softmax"] = "sid" if cfg.sid_softmax else "full"
     (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(vocab_record, indent=2) + "\n", encoding="utf-8")
     curve: Sequence[dict] = summary.pop("evals")
+    warning = cut_schedule_warning(summary, cfg)
     return {
+        **({"warnings": [warning]} if warning else {}),
         "task": "sft",
         **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
         "samples": len(dataset),
