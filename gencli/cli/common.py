@@ -92,8 +92,8 @@ def execute(
 
     if dist.launched():
         if step not in dist.STEPS:
-            if os.environ.get("RANK", "0") != "0":  # rank 0 says it once
-                sys.exit(InputError.exit_code)
+            if os.environ.get("RANK", "0") != "0":  # rank 0 says it once and fails the job; a rank failing first
+                sys.exit(0)  # would make torchrun kill rank 0 before it printed why
             fail(InputError(f"gencli {step} runs in one process; torchrun runs {', '.join(dist.STEPS)}: run "
                             f"`gencli {step}` without torchrun"), json_mode)
         dist.start(getattr(cfg, "device", "auto"))
