@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,15 +81,10 @@ class SmallSample:
 @pytest.fixture(scope="session")
 def small_sample(tmp_path_factory) -> SmallSample:
     """For tests that re-ingest or re-embed (the full sample takes seconds to embed). Copy it before changing it."""
+    from factories import sample_subset
+
     folder = tmp_path_factory.mktemp("small_sample")
-    with open(SAMPLE / "items.csv", newline="", encoding="utf-8") as f:
-        items = list(csv.reader(f))[: SMALL_ITEMS + 1]
-    kept = {row[0] for row in items[1:]}
-    with open(SAMPLE / "interactions.csv", newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    for name, table in (("items.csv", items), ("interactions.csv", [rows[0], *(r for r in rows[1:] if r[1] in kept)])):
-        with open(folder / name, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(table)
+    sample_subset(SAMPLE, folder, SMALL_ITEMS)
     return SmallSample(folder)
 
 

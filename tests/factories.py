@@ -21,6 +21,20 @@ LEVELS = [4, 4, 2]  # two quantizer levels + dedup
 SAMPLE_ITEMS = Path(__file__).resolve().parents[1] / "sample_data" / "items.csv"
 
 
+def sample_subset(sample: Path, folder: Path, n_items: int) -> None:
+    """items.csv + interactions.csv in ``folder``: the first ``n_items`` items of the sample in ``sample`` and every
+    interaction with them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(sample / "items.csv", newline="", encoding="utf-8") as fh:
+        items = list(csv.reader(fh))[: n_items + 1]
+    kept = {row[0] for row in items[1:]}
+    with open(sample / "interactions.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    for name, table in (("items.csv", items), ("interactions.csv", [rows[0], *(r for r in rows[1:] if r[1] in kept)])):
+        with open(folder / name, "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows(table)
+
+
 def catalog_texts(n: int) -> list[str]:
     """The first n sample items as 'title. category. description'."""
     with open(SAMPLE_ITEMS, newline="", encoding="utf-8") as f:

@@ -3,7 +3,6 @@ command is rerun, and ends with the bits of an uninterrupted run; a rerun with o
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from factories import sample_subset
 
 from gencli.cli import cli
 from gencli.config import EmbedConfig
@@ -29,15 +29,7 @@ CHUNK = 20
 
 def catalog(sample: Path, folder: Path) -> list[str]:
     """The first ITEMS sample items and their interactions, as ingest arguments."""
-    folder.mkdir()
-    with open(sample / "items.csv", newline="", encoding="utf-8") as f:
-        items = list(csv.reader(f))[: ITEMS + 1]
-    kept = {row[0] for row in items[1:]}
-    with open(sample / "interactions.csv", newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    for name, table in (("items.csv", items), ("interactions.csv", [rows[0], *(r for r in rows[1:] if r[1] in kept)])):
-        with open(folder / name, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(table)
+    sample_subset(sample, folder, ITEMS)
     return ["ingest", "--items", str(folder / "items.csv"), "--interactions", str(folder / "interactions.csv"),
             "--user-core", "3", "--item-core", "0"]
 
