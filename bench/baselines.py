@@ -39,6 +39,9 @@ INITS = ("centroid", "random", "gti")
 QUANTIZE = ["quantize", "--levels", "3", "--codes", "64", "--seed", "0"]
 EVAL = ["eval", "--beams", "20", "--k", ",".join(map(str, KS))]
 VENV = CACHE / "venvs" / "recbole"
+SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "train_time_s", "valid_time_s",
+            "samples",
+            "targets", "valid_curve")  # what a gencli row keeps of sft's metrics: how far training went
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
 # Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
 VENV_PINS = [["torch==2.13.0"],
@@ -221,7 +224,8 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
 
 def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict:
     """init-vocab -> sft -> eval in a copy of the shared workdir; its test metrics and the exact commands."""
-    work = args.workroot / dataset / f"gencli-{init}-s{seed}"
+    variant = hashlib.sha256(f"{args.sft}|{args.eval}".encode()).hexdigest()[:6]  # variants may run side by side
+    work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
     if work.exists():  # a half-finished earlier attempt
         shutil.rmtree(work)
     shutil.copytree(shared, work)
@@ -237,6 +241,7 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
     return {"dataset": dataset, "method": f"gencli-{init}{label}", "seed": seed, **{m: ev[m] for m in METRICS},
             "users": ev["users"], "seconds": round(time.time() - t0, 1),
             "popularity_in_eval": out[-1].get("popularity_baseline"),
+            "sft": {k: out[1].get(k) for k in SFT_KEYS},
             "commands": [" ".join(["gencli", *c]) for c in commands]}
 
 

@@ -39,6 +39,7 @@ from gencli.core.sid import store
 from gencli.core.stamp.sap import resolve
 from gencli.core.train import batches as train_batches
 from gencli.core.train import profile, sft
+from gencli.core.train.samples import SftExamples
 
 
 def inputs(workdir: Path, model_step: str):
@@ -67,7 +68,7 @@ def speed(args) -> dict:
     device = resolve_device(args.device)
     base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
                            stamp=stamp_config(args))
-    dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1)
+    dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1, "prefixes")
     order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
     variants = args.variants.split(",")
     results: dict[str, list[dict]] = {v: [] for v in variants}
@@ -157,7 +158,8 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                       max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
                       device=args.device, eval_every=args.eval_every, stamp=stamp, log_every=50,
-                      keep_checkpoints=1, sid_softmax=args.sid_softmax, patience=0, evals_per_epoch=0)
+                      keep_checkpoints=1, sid_softmax=args.sid_softmax, patience=0, evals_per_epoch=0,
+                      samples="prefixes")  # the samples STAMP's pruning was measured on (one target per prompt)
     out_dir = args.out.parent / f"recall-{variant.replace('@', '-')}-s{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -1,7 +1,7 @@
 """sft training throughput: the engine's losses side by side, interleaved and repeated, at 1 and 2 threads.
 
 Every measurement is a real ``gencli.core.train.loop.fit`` call (the loop ``gencli sft`` runs) on the
-sample data's sft examples (:class:`gencli.core.train.sft.SftExamples` from the ingest, quantize and
+sample data's sft examples (:class:`gencli.core.train.samples.SftExamples`, prefixes from the ingest, quantize and
 init-vocab artifacts of a workdir), with a :class:`TrainConfig`; only the loss function differs:
 
 - ``full``: the engine's default loss (LM head over the whole vocabulary, at target positions only);
@@ -122,13 +122,13 @@ def bench_backbone(args: argparse.Namespace, backbone: str) -> list[dict]:
     from gencli.core.lm.backbone import load_model
     from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
     from gencli.core.sid import store
-    from gencli.core.train.sft import SftExamples
+    from gencli.core.train.samples import SftExamples
 
     work = prepare(backbone, args.workroot, args.wheel)
     vocab = load_sid_vocab(work / "init-vocab" / "sid_vocab.json")
     codes = store.load_item_codes(work / "quantize")
     train = tables.load_split(work / "ingest", "train")
-    dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 0)
+    dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 0, "prefixes")
     model, _ = load_model(work / "init-vocab" / "model", "cpu", torch.float32)
     steps, batch = per_backbone(args.steps, backbone), per_backbone(args.batch_size, backbone)
     rows = []

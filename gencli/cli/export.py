@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from gencli.cli.common import JSON_OPTION, fail, workdir_option
+from gencli.config.model import SFT_MAX_HISTORY
 
 
 @click.command("export")
@@ -14,7 +15,7 @@ from gencli.cli.common import JSON_OPTION, fail, workdir_option
 @click.option("--model-step", type=click.Choice(["auto", "sft", "cpt", "init-vocab"]), default="auto",
               show_default=True, help="Whose model (auto = the most trained finished step).")
 @click.option("--max-history", type=int, default=0, show_default=True,
-              help="Prompt length recorded as the bundle's default (0 = as in sft training, else 20).")
+              help=f"Prompt length recorded as the bundle's default (0 = as in sft training, else {SFT_MAX_HISTORY}).")
 @click.option("--force", is_flag=True, help="Replace DIR when it already holds files.")
 @workdir_option
 @JSON_OPTION

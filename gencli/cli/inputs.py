@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gencli.config.model import SFT_MAX_HISTORY
+
 
 def pick_model_step(ws, wanted: str, needed_by: str) -> str:
     """'auto' -> the most trained finished model step ``needed_by`` may read; otherwise the named one (must be done)."""
@@ -30,14 +32,11 @@ def model_upstream(ws, wanted: str, needed_by: str, chosen: dict) -> list[str]:
     return upstream(needed_by, chosen["step"])
 
 
-DEFAULT_HISTORY = 20  # prompt length for a model no sft run recorded one for
-
-
 def trained_history(ws, model_step: str) -> int:
     """The prompt length sft trained with, so decoding sees prompts like the ones the model learnt from."""
     if model_step == "sft":
-        return int(ws.step_record("sft")["params"].get("max_history", DEFAULT_HISTORY))
-    return DEFAULT_HISTORY
+        return int(ws.step_record("sft")["params"].get("max_history", SFT_MAX_HISTORY))
+    return SFT_MAX_HISTORY
 
 
 def model_artifacts(ws, step: str, needed_by: str) -> tuple[Path, Path]:

@@ -18,6 +18,7 @@ EMBED_BACKENDS = ("torch", "onnx", "openvino")  # embed --backend (onnx, openvin
 EMBED_PRECISIONS = ("float32", "int8", "float16")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULES = ("cosine", "linear")
+SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
 SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
 MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, sft, cpt, init-vocab
 SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab

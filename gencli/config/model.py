@@ -12,6 +12,7 @@ from gencli.config.base import (
     PROJECTIONS,
     SAP_SCORES,
     SCHEDULES,
+    SFT_SAMPLES,
     SFT_STARTS,
     TRAINING,
     Checks,
@@ -99,6 +100,7 @@ SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; pati
 EVALS_PER_EPOCH = 2  # sft validations per epoch with --eval-every 0
 EVAL_USERS = 2000  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 4  # sft validations without a new best before stopping
+SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,12 @@ class TrainConfig:
     warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
     schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
-    max_history: int = option(20, "Last N history items per sample.", steps=("sft",))
-    max_prefixes: int = option(0, "At most N training prefixes per user, the latest (0 = all).", steps=("sft",))
+    max_history: int = option(SFT_MAX_HISTORY, "Last N history items per sample.", steps=("sft",))
+    max_prefixes: int = option(0, "At most N training targets per user, the latest (0 = all).", steps=("sft",))
+    samples: str = option("windows", "How targets become samples: windows (one pass predicts the newer half of a "
+                                     "window of --max-history + 1 items: about max-history/2 times fewer tokens per "
+                                     "epoch) or prefixes (one sample per target with its full history).",
+                          choices=SFT_SAMPLES, steps=("sft",))
     text_to_sid: bool = option(False, "Also train text -> SID.", steps=("cpt",))
     max_text_tokens: int = option(64, "Item text truncated to N tokens.", steps=("cpt",))
     sid_softmax: bool = option(False, "Logits over SID rows only (exact for constrained decoding, cheaper with a "
@@ -159,6 +165,7 @@ class TrainConfig:
         c.positive("max-grad-norm", self.max_grad_norm, allow_zero=True)
         c.positive("max-history", self.max_history)
         c.positive("max-prefixes", self.max_prefixes, allow_zero=True)
+        c.choice("samples", self.samples, SFT_SAMPLES)
         c.positive("eval-every", self.eval_every, allow_zero=True)
         c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
         c.positive("eval-users", self.eval_users, allow_zero=True)

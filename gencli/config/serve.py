@@ -15,7 +15,7 @@ from gencli.config.base import (
     model_step_option,
     option,
 )
-from gencli.config.model import StampConfig
+from gencli.config.model import SFT_MAX_HISTORY, StampConfig
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class EvalConfig:
     beams: int = option(20, "Beam width of the constrained search.")
     k: tuple[int, ...] = option((5, 10, 20), "Cut-offs for Recall@K and NDCG@K (max <= --beams).")
     batch_size: int = option(32, "Users decoded together.")
-    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20).")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else "
+                                 f"{SFT_MAX_HISTORY}).")
     max_users: int = option(0, "Evaluate a seeded subsample of users (0 = all).")
     cold_max_train_count: int = option(-1, "cold-eval cohort: targets seen at most this many times as a training "
                                            "target (-1 = plain eval).", cli=False)
@@ -84,8 +85,8 @@ class RecommendConfig:
                            "beams >= k returns k distinct unseen items whenever the catalog has that many.")
     exclude_seen: bool = option(True, "Never recommend an item of the user's history (masked in the SID trie while "
                                       "decoding).", option="--exclude-seen/--include-seen")
-    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else 20; a "
-                                 "bundle: as exported).")
+    max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else "
+                                 f"{SFT_MAX_HISTORY}; a bundle: as exported).")
     model_step: str = model_step_option("Whose model (auto = the most trained finished step).")
     strict: bool = option(False, "Unknown item ids in a given history are an error (exit 2), not skipped with a "
                                  "warning.")

@@ -37,8 +37,8 @@ from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
 from gencli.core.stamp import sap
-from gencli.core.train import sft
 from gencli.core.train.batches import collate
+from gencli.core.train.samples import SftExamples
 
 BASE_STRATEGIES = ("sap", "sap-mean", "norm", "attn", "recency", "random")
 # "+sink": position 0 (BOS, the attention sink of a pretrained LM) is protected too
@@ -86,7 +86,7 @@ def run(args) -> dict:
     train = tables.load_split(args.workdir / "ingest", "train")
     need = min(args.max_history, int(np.ceil((args.min_tokens - 1) / depth)) - 1)
     train = train.filter(train["sequence"].list.len() - 1 >= need).head(args.users)
-    dataset = sft.SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 1)
+    dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 1, "prefixes")
     model, _ = load_model(folder / "model", "cpu", torch.float32)
     model.eval()
     rows = torch.tensor(vocab.all_ids, dtype=torch.long)

@@ -39,6 +39,7 @@ from gencli.core.sid import store
 from gencli.core.stamp import sap as stamp_sap
 from gencli.core.train import sft
 from gencli.core.train.batches import collate
+from gencli.core.train.samples import SftExamples
 from gencli.core.train.step import make_loss
 
 
@@ -102,7 +103,7 @@ def run(args) -> dict:
     train, valid = tables.load_split(ingest, "train"), tables.load_split(ingest, "valid")
     cfg = TrainConfig(max_history=args.max_history, batch_size=args.batch_size, eval_users=args.eval_users,
                       eval_beams=args.eval_beams, seed=args.seed)
-    dataset = sft.SftExamples(train["sequence"], tokens, vocab, cfg.max_history, cfg.max_prefixes)
+    dataset = SftExamples(train["sequence"], tokens, vocab, cfg.max_history, cfg.max_prefixes, "prefixes")
     picked = np.sort(np.random.default_rng(args.seed).choice(len(dataset), size=args.samples, replace=False))
     batches = [collate(dataset, picked[i:i + args.batch_size], vocab.pad_id) for i in range(0, args.samples,
                                                                                             args.batch_size)]

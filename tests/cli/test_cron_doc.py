@@ -51,8 +51,8 @@ def test_the_documented_nightly_script_on_two_nights(tmp_path):
     config = (ROOT / "sample_data" / "pipeline.toml").read_text()
     config = config.replace('items = "items.csv"', 'items = "export/items.csv"')
     config = config.replace('interactions = "interactions.csv"', 'interactions = "export/interactions.csv"')
-    config = config.replace("epochs = 2\n", "max-steps = 60\n")  # a short budget: this tests the plumbing
-    assert "export/items.csv" in config and "max-steps = 60" in config
+    config = config.replace("[sft]\n", "[sft]\nmax-steps = 30\n")  # a short budget: this tests the plumbing
+    assert "export/items.csv" in config and "max-steps = 30" in config
     (tmp_path / "pipeline.toml").write_text(config)
 
     rc1, night1 = _night(tmp_path, "day1", CUT)

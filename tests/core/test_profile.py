@@ -32,7 +32,7 @@ def train_split(n_users: int = 16) -> pl.DataFrame:
 def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     before = {p.name: sha256_file(p) for p in model_dir.iterdir()}
-    train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, sid_softmax=True,
+    train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, samples="prefixes", sid_softmax=True,
                             stamp=StampConfig(layer=1, keep_ratio=0.5, recent_window=4))
     cfg = ProfileConfig(steps=2, warmup_steps=1, device="cpu", detail=True)
     out = profile.run(cfg, train_cfg, model_dir, vocab_path, CODES, train_split(), tmp_path / "out")

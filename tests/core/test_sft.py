@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -17,6 +16,7 @@ from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.train import sft
 from gencli.core.train.batches import collate
+from gencli.core.train.samples import SftExamples
 
 CODES = TOY_CODES
 VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,
@@ -28,37 +28,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
-def test_prefix_counts_are_exact_on_a_hand_made_frame():
-    rows, positions = sft.prefix_positions(np.array([4, 2, 1, 0, 5]), max_prefixes=0)
-    assert rows.tolist() == [0, 0, 0, 1, 4, 4, 4, 4]
-    assert positions.tolist() == [1, 2, 3, 1, 1, 2, 3, 4]
-    rows, positions = sft.prefix_positions(np.array([4, 2, 1, 0, 5]), max_prefixes=2)
-    assert rows.tolist() == [0, 0, 1, 4, 4]  # the latest two targets per user
-    assert positions.tolist() == [2, 3, 1, 3, 4]
-
-    train = pl.DataFrame({"user_idx": [0, 1, 2], "sequence": [[5, 6, 7, 8], [9, 10], [11]]})
-    data = sft.SftExamples(train["sequence"], item_token_ids(CODES, VOCAB), VOCAB, max_history=20, max_prefixes=0)
-    assert len(data) == 4
-
-
-def test_examples_put_the_loss_on_the_target_sid_only():
-    item_tokens = item_token_ids(CODES, VOCAB)
-    train = pl.DataFrame({"user_idx": [0, 1], "sequence": [[5, 6, 7, 8], [9, 10]]})
-    data = sft.SftExamples(train["sequence"], item_tokens, VOCAB, max_history=2, max_prefixes=0)
-    sid = {i: item_tokens[i].tolist() for i in range(len(CODES))}
-    ids, labels = data.example(2)  # user 0, history [5, 6, 7] cut to the last 2 -> target 8
-    assert ids == [1] + sid[6] + sid[7] + sid[8]
-    assert labels == [IGNORE_INDEX] * 7 + sid[8]
-    assert data.example(3) == ([1] + sid[9] + sid[10], [IGNORE_INDEX] * 4 + sid[10])
-    assert data.lengths().tolist() == [len(data.example(i)[0]) for i in range(len(data))] == [7, 10, 10, 7]
-
-
 def test_sid_softmax_loss_equals_restricted_cross_entropy(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path)
     vocab = load_sid_vocab(vocab_path)
     model = Qwen3ForCausalLM.from_pretrained(model_dir)
     train, _ = toy_splits(4)
-    data = sft.SftExamples(train["sequence"], item_token_ids(CODES, vocab), vocab, max_history=20, max_prefixes=0)
+    data = SftExamples(train["sequence"], item_token_ids(CODES, vocab), vocab, max_history=20, max_prefixes=0)
     batch = collate(data, range(len(data)), pad_id=vocab.pad_id)
     rows = sft.sid_rows(vocab)
     assert rows == list(range(vocab.base_vocab_size, vocab.base_vocab_size + 10))
@@ -85,7 +60,8 @@ def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
-    assert metrics["steps"] == 4 and metrics["samples"] == sum(len(s) - 1 for s in train["sequence"].to_list())
+    assert metrics["steps"] == 4 and metrics["targets"] == sum(len(s) - 1 for s in train["sequence"].to_list())
+    assert metrics["samples"] == train.height  # windows: every toy sequence fits in one window of 21 items
     assert [s for s, _ in metrics["valid_curve"]] == [2, 4]
     recalls = [r for _, r in metrics["valid_curve"]]
     assert metrics["peak_recall@5"] == max(recalls) and metrics["final_recall@5"] == recalls[-1]
@@ -127,3 +103,11 @@ def test_sft_with_sap_records_the_layer_auto_resolved_to_and_rejects_a_bad_one_b
         sft.run(TrainConfig(device="cpu", max_steps=1, stamp=StampConfig(sap=True, layer=4)), model_dir, vocab_path, CODES, train,
                 valid, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # failed before any output
+
+
+def test_stamp_with_window_samples_warns_and_points_to_prefixes():
+    stamp = StampConfig(sap=True, map=True)
+    assert "--samples prefixes" in sft.stamp_windows_warning(TrainConfig(stamp=stamp))
+    assert sft.stamp_windows_warning(TrainConfig(stamp=stamp, samples="prefixes")) is None
+    assert sft.stamp_windows_warning(TrainConfig(stamp=StampConfig(map=True))) is None  # MAP alone prunes nothing
+    assert sft.stamp_windows_warning(TrainConfig()) is None

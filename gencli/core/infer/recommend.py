@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gencli.config import StampConfig
+from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
@@ -29,7 +30,6 @@ from gencli.errors import ArtifactError, InputError
 
 DEFAULT_K = 10
 DEFAULT_BEAMS = 20  # eval's default: beams = max(k, 20) keeps recommend's list equal to eval's for k <= 20
-DEFAULT_HISTORY = 20  # prompt length when the model's training length is unknown (as eval)
 
 
 class Recommendation(NamedTuple):
@@ -64,7 +64,7 @@ class Recommender:
         item_ids: Sequence[str],
         titles: Sequence[str],
         item_codes: np.ndarray,
-        max_history: int = DEFAULT_HISTORY,
+        max_history: int = SFT_MAX_HISTORY,
         beams: int = 0,
         batch_size: int = 32,
         metadata: dict[str, Any] | None = None,

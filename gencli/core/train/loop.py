@@ -145,7 +145,7 @@ def fit(
     stream = batch_stream(dataset, cfg, run.state, pad_id)
     state, control = run.state, Control()
     fire(run.callbacks, "on_train_begin", state, control)
-    train_time, total_inputs, last_loss = 0.0, 0, None
+    train_time, valid_time, total_inputs, last_loss = 0.0, 0.0, 0, None
     window = {"time": 0.0, "loss": 0.0, "targets": 0, "inputs": 0}  # sums since the last train log line
     while state.global_step < state.max_steps and not state.stopped:
         t0 = time.perf_counter()
@@ -167,7 +167,9 @@ def fit(
                        "tokens_per_s": round(window["inputs"] / max(window["time"], 1e-9), 1)})
             window = dict.fromkeys(window, 0)
         if control.should_evaluate:
+            t0 = time.perf_counter()
             log.write(run.validate(evaluate, metric, out_dir / artifacts.BEST_DIR, control))
+            valid_time += time.perf_counter() - t0
             control = _agree(control, state)
         state.stopped = control.should_stop
         if control.should_save:
@@ -194,6 +196,7 @@ def fit(
         "train_loss": last_loss,
         "tokens_per_s": round(total_inputs / train_time, 1) if train_time > 0 else None,
         "train_time_s": round(train_time, 3),
+        "valid_time_s": round(valid_time, 3),  # validation and keeping best/, this process
         "stopped_early": state.stopped,
         "stop_reason": state.stop_reason,
         "best_step": state.best_step,

@@ -54,7 +54,8 @@ from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import collate, epoch_batches
-from gencli.core.train.sft import SftExamples, sid_rows
+from gencli.core.train.samples import SftExamples
+from gencli.core.train.sft import sid_rows
 from gencli.core.train.step import default_param_groups, make_loss, train_step
 from gencli.errors import InputError
 
@@ -270,7 +271,8 @@ def run(
     train_cfg = dataclasses.replace(train_cfg, device=cfg.device)
     vocab = load_sid_vocab(vocab_path)
     item_tokens = item_token_ids(item_codes, vocab)
-    dataset = SftExamples(train["sequence"], item_tokens, vocab, train_cfg.max_history, train_cfg.max_prefixes)
+    dataset = SftExamples(train["sequence"], item_tokens, vocab, train_cfg.max_history, train_cfg.max_prefixes,
+                           train_cfg.samples)
     needed = cfg.warmup_steps + cfg.steps
     order = epoch_batches(dataset.lengths(), train_cfg.batch_size, train_cfg.seed, 0) if len(dataset) else []
     if len(order) < needed:

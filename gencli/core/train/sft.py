@@ -1,11 +1,8 @@
 """sft: next-item training on SID prompts, with validation Recall@5 and early stopping.
 
-Every parameter trains. A training sample is a prefix of a user's training
-sequence: the items before position ``t`` (the last ``cfg.max_history`` of them,
-as a prompt from :mod:`gencli.core.lm.prompt`) predict item ``t``, for every
-``t >= 1``; with ``cfg.max_prefixes > 0`` only the latest that many per user.
-Samples are built on the fly from one flat array of item indices, so memory is
-O(events), not O(samples x prompt length).
+Every parameter trains. Every item of a user's training sequence after the first
+is a target, predicted from the items before it (the last ``cfg.max_history``);
+``cfg.samples`` cuts them into windows or prefixes (:mod:`gencli.core.train.samples`).
 
 With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
 :class:`gencli.core.lm.loss.TokenLoss`): every target is an SID token and the
@@ -36,58 +33,16 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import SidVocab, build_example, item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
 from gencli.core.train.loop import fit
+from gencli.core.train.samples import SftExamples
 from gencli.core.train.step import lr_factor, make_loss
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
-
-
-def prefix_positions(lengths: np.ndarray, max_prefixes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(user row, target position) of every training sample.
-
-    A sequence of n items gives targets at positions 1..n-1 (each predicted from the items
-    before it); ``max_prefixes > 0`` keeps the latest ``max_prefixes`` of them.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    counts = np.maximum(lengths - 1, 0)
-    if max_prefixes > 0:
-        counts = np.minimum(counts, max_prefixes)
-    rows = np.repeat(np.arange(len(lengths)), counts)
-    first = np.cumsum(counts) - counts  # index of each user's first sample
-    positions = np.arange(int(counts.sum())) - np.repeat(first, counts) + np.repeat(lengths - counts, counts)
-    return rows, positions
-
-
-class SftExamples:
-    """Next-item samples drawn from flat sequences; ``example(i)`` builds the prompt on the fly."""
-
-    def __init__(self, sequences: pl.Series, item_tokens: np.ndarray, vocab: SidVocab, max_history: int,
-                 max_prefixes: int):
-        lengths = sequences.list.len().fill_null(0).to_numpy().astype(np.int64)
-        self.flat = sequences.explode().drop_nulls().to_numpy().astype(np.int64)
-        self.offsets = np.cumsum(lengths) - lengths
-        self.rows, self.positions = prefix_positions(lengths, max_prefixes)
-        self.item_tokens, self.bos_id, self.max_history = item_tokens, vocab.bos_id, max_history
-        depth = item_tokens.shape[1]
-        n_history = np.minimum(self.positions, max_history)
-        self._lengths = (0 if vocab.bos_id is None else 1) + (n_history + 1) * depth
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def lengths(self) -> np.ndarray:
-        return self._lengths
-
-    def example(self, i: int) -> tuple[list[int], list[int]]:
-        start = self.offsets[self.rows[i]]
-        end = start + self.positions[i]
-        history = self.flat[max(start, end - self.max_history):end]
-        return build_example(history, int(self.flat[end]), self.item_tokens, self.max_history, self.bos_id)
 
 
 def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
@@ -123,6 +78,15 @@ def cut_schedule_warning(summary: dict[str, Any], cfg: TrainConfig) -> str | Non
             f"({steps / total:.0%}), before the rate had decayed; a schedule that decays within the budget usually "
             f"generalises better (docs/usage.md). About {steps} steps fit in {cfg.max_time:g} s at this speed: give "
             f"--max-steps {steps} (or a smaller --epochs) with the same --max-time")
+
+
+def stamp_windows_warning(cfg: TrainConfig) -> str | None:
+    """SAP prunes only non-target tokens, and window samples make about half of every window targets."""
+    if not (cfg.stamp.sap and cfg.samples == "windows"):
+        return None
+    return ("--sap/--stamp prunes only tokens that are not targets, and window samples (the default) make half of "
+            "each window targets, so there is little to prune and the step can be slower than without it; give "
+            "--samples prefixes with --stamp, and measure with gencli profile (docs/usage.md, STAMP)")
 
 
 def sid_rows(vocab: SidVocab) -> list[int]:
@@ -167,7 +131,7 @@ def run(
     item_tokens = item_token_ids(item_codes, vocab)
     valid = valid if valid is not None and valid.height > 0 else None
     _check_frames(train, valid, len(item_tokens))
-    dataset = SftExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.max_prefixes)
+    dataset = SftExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.max_prefixes, cfg.samples)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so sft has no sample; "
                          "ingest with a larger --min-user-events or check the interactions file")
@@ -196,12 +160,13 @@ def run(
     vocab_record["softmax"] = "sid" if cfg.sid_softmax else "full"
     (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(vocab_record, indent=2) + "\n", encoding="utf-8")
     curve: Sequence[dict] = summary.pop("evals")
-    warning = cut_schedule_warning(summary, cfg)
+    warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
-        **({"warnings": [warning]} if warning else {}),
+        **({"warnings": warnings} if warnings else {}),
         "task": "sft",
         **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
         "samples": len(dataset),
+        "targets": dataset.n_targets,
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
