@@ -100,6 +100,8 @@ SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; pati
 EVALS_PER_EPOCH = 2  # sft validations per epoch with --eval-every 0
 EVAL_USERS = 2000  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 4  # sft validations without a new best before stopping
+BATCH = 32  # samples per micro-batch with --batch-size 0: cpt, sft prefixes; also sft's validation decode batch
+WINDOW_BATCH = 8  # ... sft windows: ~25 targets each at history 50, and enough optimizer steps on small logs
 SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
 
 
@@ -114,7 +116,8 @@ class TrainConfig:
     epochs: float = option(0.0, f"Passes over the training samples at most (0 = auto: sft {SFT_MAX_EPOCHS:g}, "
                                  "normally stopped earlier by --patience; cpt 1). Ignored when --max-steps > 0.")
     max_steps: int = option(0, "Optimizer steps (0 = from --epochs).")
-    batch_size: int = option(32, "Samples per micro-batch.")
+    batch_size: int = option(0, f"Samples per micro-batch (0 = auto: {WINDOW_BATCH} for sft's window samples, each "
+                                f"holding up to half of --max-history targets; {BATCH} otherwise).")
     grad_accum: int = option(1, "Micro-batches per optimizer step.")
     lr: float = option(1e-3, "Peak learning rate (AdamW).")
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
@@ -157,7 +160,7 @@ class TrainConfig:
         c.choice("schedule", self.schedule, SCHEDULES)
         c.positive("epochs", self.epochs, allow_zero=True)
         c.positive("max-steps", self.max_steps, allow_zero=True)
-        c.positive("batch-size", self.batch_size)
+        c.positive("batch-size", self.batch_size, allow_zero=True)
         c.positive("grad-accum", self.grad_accum)
         c.positive("lr", self.lr)
         c.positive("weight-decay", self.weight_decay, allow_zero=True)
@@ -178,6 +181,14 @@ class TrainConfig:
         c.choice("device", self.device, DEVICES)
         c.choice("dtype", self.dtype, DTYPES)
         c.done()
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per micro-batch: ``batch_size``, or with 0 the mode's default (a window holds many targets, so
+        fewer windows per batch keep the number of optimizer steps up on small logs)."""
+        if self.batch_size:
+            return self.batch_size
+        return WINDOW_BATCH if self.task == "sft" and self.samples == "windows" else BATCH
 
     @property
     def epoch_budget(self) -> float:

@@ -41,7 +41,7 @@ def test_profile_is_a_workspace_step_with_a_json_and_a_table(tiny_workdir):
     # --stamp-layer 0 (the default) resolves to a quarter of the tiny preset's 4 layers, at least 2
     assert rows[1]["stamp_layer"] == 2 and payload["metrics"]["stamp_settings"]["stamp_layer"] == 2
     saved = json.loads((wd / "profile" / "profile.json").read_text())
-    assert saved["variants"] == rows and saved["batch_size"] == 32  # sft's defaults (sft has not run)
+    assert saved["variants"] == rows and saved["batch_size"] == 8  # sft's defaults (sft has not run): auto, windows
     record = json.loads((wd / "profile" / "step.json").read_text())
     assert record["params"]["variants"] == ["base", "stamp"] and set(record["inputs"]) == {"ingest", "quantize",
                                                                                          "init-vocab"}

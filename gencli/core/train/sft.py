@@ -29,6 +29,7 @@ import polars as pl
 import torch
 
 from gencli.config import StampConfig, TrainConfig
+from gencli.config.model import BATCH
 from gencli.core import artifacts
 from gencli.core.device import resolve_device
 from gencli.core.infer.evaluate import Evaluator
@@ -57,7 +58,7 @@ def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cf
     ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
-        result = evaluator(model, ks, cfg.eval_beams, cfg.batch_size, device=device, softmax_rows=softmax_rows,
+        result = evaluator(model, ks, cfg.eval_beams, cfg.batch_size or BATCH, device=device, softmax_rows=softmax_rows,
                            prune=prune)
         return {**{f"recall@{k}": result["metrics"]["overall"][f"recall@{k}"] for k in ks},
                 "users": len(evaluator.targets)}
@@ -167,6 +168,7 @@ def run(
         **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
         "samples": len(dataset),
         "targets": dataset.n_targets,
+        "batch_size": cfg.micro_batch,  # --batch-size 0 resolved for the sample mode
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
