@@ -100,8 +100,10 @@ SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; pati
 EVALS_PER_EPOCH = 2  # sft validations per epoch with --eval-every 0
 EVAL_USERS = 2000  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 4  # sft validations without a new best before stopping
-BATCH = 32  # samples per micro-batch with --batch-size 0: cpt, sft prefixes; also sft's validation decode batch
-WINDOW_BATCH = 8  # ... sft windows: ~25 targets each at history 50, and enough optimizer steps on small logs
+BATCH = 32  # samples per micro-batch with --batch-size 0 (cpt, sft prefixes, sft windows on larger logs); also
+# sft's validation decode batch
+WINDOW_BATCH_MIN = 8  # sft windows on small logs: fewer windows per batch (each holds up to 25 targets at history 50)
+MIN_EPOCH_STEPS = 128  # ... so that an epoch has at least this many optimizer steps where possible
 SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
 
 
@@ -116,8 +118,9 @@ class TrainConfig:
     epochs: float = option(0.0, f"Passes over the training samples at most (0 = auto: sft {SFT_MAX_EPOCHS:g}, "
                                  "normally stopped earlier by --patience; cpt 1). Ignored when --max-steps > 0.")
     max_steps: int = option(0, "Optimizer steps (0 = from --epochs).")
-    batch_size: int = option(0, f"Samples per micro-batch (0 = auto: {WINDOW_BATCH} for sft's window samples, each "
-                                f"holding up to half of --max-history targets; {BATCH} otherwise).")
+    batch_size: int = option(0, f"Samples per micro-batch (0 = auto: {BATCH}; for sft's windows, which hold up to half "
+                                f"of --max-history targets each, fewer, down to {WINDOW_BATCH_MIN}, so that an epoch "
+                                f"has at least {MIN_EPOCH_STEPS} steps).")
     grad_accum: int = option(1, "Micro-batches per optimizer step.")
     lr: float = option(1e-3, "Peak learning rate (AdamW).")
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
@@ -182,13 +185,15 @@ class TrainConfig:
         c.choice("dtype", self.dtype, DTYPES)
         c.done()
 
-    @property
-    def micro_batch(self) -> int:
-        """Samples per micro-batch: ``batch_size``, or with 0 the mode's default (a window holds many targets, so
-        fewer windows per batch keep the number of optimizer steps up on small logs)."""
+    def micro_batch(self, n_examples: int) -> int:
+        """Samples per micro-batch: ``batch_size``, or with 0 the mode's default. A window holds many targets, so
+        sft's windows take 32 per batch when that leaves an epoch ``MIN_EPOCH_STEPS`` batches, else fewer, down to 8:
+        small logs still get enough optimizer steps (a random init needs them)."""
         if self.batch_size:
             return self.batch_size
-        return WINDOW_BATCH if self.task == "sft" and self.samples == "windows" else BATCH
+        if self.task == "sft" and self.samples == "windows":
+            return max(WINDOW_BATCH_MIN, min(BATCH, n_examples // MIN_EPOCH_STEPS))
+        return BATCH
 
     @property
     def epoch_budget(self) -> float:

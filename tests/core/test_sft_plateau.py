@@ -103,7 +103,9 @@ def test_validation_uses_every_valid_user_up_to_the_cap_and_a_seeded_subsample_a
     assert users == {EVAL_USERS: [valid.height], 0: [valid.height], 5: [5]}
 
 
-def test_batch_size_auto_takes_fewer_windows_than_prefixes():
-    assert TrainConfig().micro_batch == 8 and TrainConfig(samples="prefixes").micro_batch == 32
-    assert TrainConfig(task="cpt").micro_batch == 32 and TrainConfig(batch_size=5).micro_batch == 5
+def test_batch_size_auto_takes_fewer_windows_on_small_logs():
+    windows, prefixes = TrainConfig(), TrainConfig(samples="prefixes")
+    assert [windows.micro_batch(n) for n in (100, 972, 2048, 4287, 10**6)] == [8, 8, 16, 32, 32]
+    assert prefixes.micro_batch(972) == TrainConfig(task="cpt").micro_batch(972) == 32
+    assert TrainConfig(batch_size=5).micro_batch(4287) == 5
     assert plan_steps(TrainConfig(epochs=1), 80)[0] == 10 and plan_steps(TrainConfig(epochs=1, samples="prefixes"), 80)[0] == 3

@@ -72,7 +72,7 @@ def batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id:
     """Batches from the state's data position on, advancing the position as it goes."""
     lengths = dataset.lengths()
     while True:
-        order = epoch_batches(lengths, cfg.micro_batch, cfg.seed, state.epoch)
+        order = epoch_batches(lengths, cfg.micro_batch(len(dataset)), cfg.seed, state.epoch)
         while state.batch_in_epoch < len(order):
             indices = order[state.batch_in_epoch]
             state.batch_in_epoch += 1
@@ -242,7 +242,7 @@ class _Run:
             self.optimizer, functools.partial(lr_factor, warmup=self.warmup, total=max_steps, kind=cfg.schedule)
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and amp_dtype == torch.float16)
-        self.state = TrainState(max_steps=max_steps, batches_per_epoch=batches_per_epoch(n_examples, cfg.micro_batch))
+        self.state = TrainState(max_steps=max_steps, batches_per_epoch=batches_per_epoch(n_examples, cfg.micro_batch(n_examples)))
 
     def step(self, micro: list[dict[str, torch.Tensor]], loss_fn: LossFn, control: Control) -> StepResult:
         """One optimizer step (:func:`~gencli.core.train.step.train_step`), then the schedule and the counters."""

@@ -168,7 +168,7 @@ def run(
         **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
         "samples": len(dataset),
         "targets": dataset.n_targets,
-        "batch_size": cfg.micro_batch,  # --batch-size 0 resolved for the sample mode
+        "batch_size": cfg.micro_batch(len(dataset)),  # --batch-size 0 resolved for the sample mode
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to

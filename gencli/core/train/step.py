@@ -161,7 +161,7 @@ def lr_factor(step: int, warmup: int, total: int, kind: str) -> float:
 
 def plan_steps(cfg: TrainConfig, n_examples: int) -> tuple[int, int]:
     """(max optimizer steps, warmup steps) for ``n_examples`` training examples."""
-    per_epoch = batches_per_epoch(n_examples, cfg.micro_batch)
+    per_epoch = batches_per_epoch(n_examples, cfg.micro_batch(n_examples))
     total = cfg.max_steps or max(1, math.ceil(cfg.epoch_budget * per_epoch / cfg.grad_accum))
     return total, math.ceil(cfg.warmup_ratio * total)
 
@@ -171,5 +171,5 @@ def eval_interval(cfg: TrainConfig, n_examples: int) -> int:
     up, so an epoch never gets more than that many), 0 = only at the end of training."""
     if cfg.eval_every > 0 or cfg.evals_per_epoch == 0:
         return cfg.eval_every
-    steps_per_epoch = math.ceil(batches_per_epoch(n_examples, cfg.micro_batch) / cfg.grad_accum)
+    steps_per_epoch = math.ceil(batches_per_epoch(n_examples, cfg.micro_batch(n_examples)) / cfg.grad_accum)
     return max(1, math.ceil(steps_per_epoch / cfg.evals_per_epoch))
