@@ -2,7 +2,9 @@
 
 Needs a workdir where the sample pipeline has run (ingest, quantize, sft):
 
-    gencli run sample_data/pipeline.toml --workdir bench/.cache/prune-work
+    gencli run sample_data/pipeline.toml --workdir bench/.cache/prune-work --set sft.samples=prefixes \
+        --set sft.max-history=10 --set sft.epochs=2 --set sft.lr=0.003 --set sft.batch-size=32 \
+        --set sft.eval-every=200 --set sft.eval-users=200   # the sft docs/benchmarks.md measured
     python bench/eval_prune.py --workdir bench/.cache/prune-work --max-history 10,40 --ratios 0.3,0.5,0.7 --repeats 3
 
 For each prompt length (--max-history) and cohort (eval = a seeded subsample of --max-users test
