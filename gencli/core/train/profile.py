@@ -274,9 +274,10 @@ def run(
     dataset = SftExamples(train["sequence"], item_tokens, vocab, train_cfg.max_history, train_cfg.max_prefixes,
                            train_cfg.samples)
     needed = cfg.warmup_steps + cfg.steps
-    order = epoch_batches(dataset.lengths(), train_cfg.micro_batch(len(dataset)), train_cfg.seed, 0) if len(dataset) else []
+    batch = train_cfg.micro_batch(len(dataset))
+    order = epoch_batches(dataset.lengths(), batch, train_cfg.seed, 0) if len(dataset) else []
     if len(order) < needed:
-        raise InputError(f"the train split gives {len(order)} batches of {train_cfg.micro_batch(len(dataset))} sft samples, but "
+        raise InputError(f"the train split gives {len(order)} batches of {batch} sft samples, but "
                          f"profile needs {needed} (--steps + --warmup-steps); lower them or the batch size")
     batches = order[:needed]
     device = resolve_device(cfg.device)
@@ -302,7 +303,7 @@ def run(
         "threads": torch.get_num_threads(),
         "steps": cfg.steps,
         "warmup_steps": cfg.warmup_steps,
-        "batch_size": train_cfg.micro_batch(len(dataset)),
+        "batch_size": batch,
         "mean_tokens_per_sample": round(float(lengths.mean()), 1),
         "reference": reference["variant"],
         "stamp_settings": {
