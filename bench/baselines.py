@@ -39,9 +39,9 @@ INITS = ("centroid", "random", "gti")
 QUANTIZE = ["quantize", "--levels", "3", "--codes", "64", "--seed", "0"]
 EVAL = ["eval", "--beams", "20", "--k", ",".join(map(str, KS))]
 VENV = CACHE / "venvs" / "recbole"
+# what a gencli row keeps of sft's metrics: how far training went
 SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "train_time_s", "valid_time_s",
-            "samples",
-            "targets", "valid_curve")  # what a gencli row keeps of sft's metrics: how far training went
+            "samples", "targets", "batch_size", "valid_curve")
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
 # Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
 VENV_PINS = [["torch==2.13.0"],
