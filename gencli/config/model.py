@@ -126,6 +126,8 @@ class TrainConfig:
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
     warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
     schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
+    dropout: float = option(0.0, "Dropout on the embeddings, attention probabilities and residual branches while "
+                                 "training (the saved model has none).", steps=("sft",))
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
     max_history: int = option(SFT_MAX_HISTORY, "Last N history items per sample.", steps=("sft",))
     max_prefixes: int = option(0, "At most N training targets per user, the latest (0 = all).", steps=("sft",))
@@ -168,6 +170,7 @@ class TrainConfig:
         c.positive("lr", self.lr)
         c.positive("weight-decay", self.weight_decay, allow_zero=True)
         c.require(0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)")
+        c.require(0 <= self.dropout < 1, f"--dropout must be in [0, 1) (got {self.dropout!r})")
         c.positive("max-grad-norm", self.max_grad_norm, allow_zero=True)
         c.positive("max-history", self.max_history)
         c.positive("max-prefixes", self.max_prefixes, allow_zero=True)

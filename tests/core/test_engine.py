@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
+from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.train.batches import ListExamples, batches_per_epoch, collate, epoch_batches
 from gencli.core.train.callbacks import EarlyStopping
@@ -95,17 +96,24 @@ class CrashAt:
             raise Crash
 
 
-def test_resume_reaches_exactly_the_uninterrupted_result(tmp_path):
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_resume_reaches_exactly_the_uninterrupted_result(tmp_path, dropout):
     # 10 examples, batch 4 -> 3 batches per epoch; grad_accum 2 -> steps cross epoch boundaries
     options = cfg(grad_accum=2, max_steps=7, save_every=2, keep_checkpoints=5)
-    full = tiny_model()
+
+    def model(seed: int = 0) -> Qwen3ForCausalLM:  # dropout draws from the RNG state checkpoints keep
+        m = tiny_model(seed)
+        add_dropout(m, dropout)
+        return m
+
+    full = model()
     fit(full, toy_examples(), options, tmp_path / "full", pad_id=PAD)
 
     out = tmp_path / "killed"
     with pytest.raises(Crash):
-        fit(tiny_model(), toy_examples(), options, out, pad_id=PAD, callbacks=[CrashAt(5)])
+        fit(model(), toy_examples(), options, out, pad_id=PAD, callbacks=[CrashAt(5)])
     assert [p.name for p in list_checkpoints(out / artifacts.CHECKPOINTS)] == ["step-000002", "step-000004"]
-    resumed = tiny_model(seed=123)  # different start weights: everything must come from the checkpoint
+    resumed = model(seed=123)  # different start weights: everything must come from the checkpoint
     summary = fit(resumed, toy_examples(), options, out, pad_id=PAD, resume=True)
 
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 7

@@ -34,6 +34,7 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.lm.backbone import load_model
+from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
@@ -139,6 +140,7 @@ def run(
     device = resolve_device(cfg.device)
     model, tokenizer = load_model(model_dir, device, torch.float32)
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
+    add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
     evaluate = None if valid is None else validation(valid, item_tokens, vocab, cfg, device)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
