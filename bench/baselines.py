@@ -12,7 +12,8 @@ a venv of its own (bench/.cache/venvs/recbole, created once), never in gencli's 
     python bench/baselines.py --table                                     # table of the cached runs
 
 gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
-quantize and init-vocab use sample_data/pipeline.toml's settings. Every finished run is cached in
+quantize and init-vocab use sample_data/pipeline.toml's settings (``--quantize`` quantizes again in the run's
+workdir with extra options, e.g. "collab=0"). Every finished run is cached in
 ``--out`` (atomic rewrite), keyed by the split's digest and the options, so a rerun skips it.
 """
 
@@ -54,7 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")
     p.add_argument("--sft", default="", help='extra gencli sft options, e.g. "max-steps=400,lr=0.003,stamp"')
+    p.add_argument("--quantize", default="", help='quantize again in the run\'s workdir with these extra options, '
+                                                   'e.g. "collab=0.5"')
     p.add_argument("--eval", default="", help='extra gencli eval options, e.g. "max-users=200"')
+    p.add_argument("--keep-work", action="store_true", help="keep each gencli workdir (to eval it again)")
     p.add_argument("--skip-sasrec", action="store_true", help="no RecBole venv, no SASRec")
     p.add_argument("--skip-gencli", action="store_true", help="only ingest, SASRec and popularity")
     p.add_argument("--sasrec-epochs", type=int, default=0, help="cap SASRec epochs (0 = RecBole's default, 300)")
@@ -224,24 +228,28 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
 
 def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict:
     """init-vocab -> sft -> eval in a copy of the shared workdir; its test metrics and the exact commands."""
-    variant = hashlib.sha256(f"{args.sft}|{args.eval}".encode()).hexdigest()[:6]  # variants may run side by side
+    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}".encode()).hexdigest()[:6]  # variants may run side by side
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
     if work.exists():  # a half-finished earlier attempt
         shutil.rmtree(work)
     shutil.copytree(shared, work)
     t = ["--threads", "1"]
-    commands = [[*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
+    requantize = [[*t, *QUANTIZE, *options(args.quantize)]] if args.quantize else []
+    commands = [*requantize,
+                [*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
                 [*t, "sft", "--seed", str(seed), *options(args.sft)],
                 [*t, *EVAL, *options(args.eval)]]
     t0 = time.time()
     out = [gencli(cmd, work)["metrics"] for cmd in commands]
     ev = out[-1]["overall"]
-    shutil.rmtree(work)
-    label = "".join(f"[{k} {v}]" for k, v in (("sft", args.sft), ("eval", args.eval)) if v)
+    if not args.keep_work:
+        shutil.rmtree(work)
+    label = "".join(f"[{k} {v}]" for k, v in (("quantize", args.quantize), ("sft", args.sft), ("eval", args.eval))
+                    if v)
     return {"dataset": dataset, "method": f"gencli-{init}{label}", "seed": seed, **{m: ev[m] for m in METRICS},
             "users": ev["users"], "seconds": round(time.time() - t0, 1),
             "popularity_in_eval": out[-1].get("popularity_baseline"),
-            "sft": {k: out[1].get(k) for k in SFT_KEYS},
+            "sft": {k: out[-2].get(k) for k in SFT_KEYS},  # sft is the step before eval
             "commands": [" ".join(["gencli", *c]) for c in commands]}
 
 
@@ -322,7 +330,8 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
     gencli(["--threads", "1", *QUANTIZE], shared)
     for seed in seeds:
         for init in args.inits.split(","):
-            key = f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/sft[{args.sft}]/eval[{args.eval}]/seed{seed}"
+            q = f"quantize[{args.quantize}]/" if args.quantize else ""
+            key = f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/{q}sft[{args.sft}]/eval[{args.eval}]/seed{seed}"
             if key in results["runs"]:
                 continue
             row = {**gencli_row(args, dataset, shared, init, seed), "split": digest,

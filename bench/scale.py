@@ -89,7 +89,7 @@ def stage_quantize(args: argparse.Namespace, n: int) -> dict[str, Any]:
 
     x = np.load(catalog_dir(args, n) / "embeddings.npy")
     ids = [f"i{i}" for i in range(len(x))]
-    cfg = QuantizeConfig(codes=tuple(args.codes), seed=args.seed, kmeans=args.kmeans, device="cpu")
+    cfg = QuantizeConfig(codes=tuple(args.codes), seed=args.seed, kmeans=args.kmeans, collab=0.0, device="cpu")
     start = time.perf_counter()
     metrics = quantize.run(cfg, x, ids, quantize_dir(args, n))
     seconds = time.perf_counter() - start

@@ -36,16 +36,36 @@ def quantize(levels, codes, codebooks_from, workdir, json_mode, force, **options
 
     def body(run, ws, progress):
         from gencli.core.data import tables
-        from gencli.core.sid import embed, store
+        from gencli.core.sid import embed
         from gencli.core.sid import quantize as core
 
         items = tables.load_items(ws.input_dir("ingest", "quantize"))
         x = embed.load_embeddings(ws.input_dir("embed", "quantize"))
-        previous = store.load_codebooks(_quantize_dir(codebooks_from)) if codebooks_from else None
-        return core.run(cfg, x, items["item_id"].to_list(), run.out_dir, progress, previous=previous)
+        previous = _previous(_quantize_dir(codebooks_from)) if codebooks_from else None
+        use_collab = cfg.collab > 0 and previous is None
+        sequences = tables.load_split(ws.input_dir("ingest", "quantize"), "train")["sequence"].to_list() \
+            if use_collab else None
+        return core.run(cfg, x, items["item_id"].to_list(), run.out_dir, progress, previous=previous,
+                        sequences=sequences)
 
     files = {"codebooks-from": _quantize_dir(codebooks_from) / "codebooks.npz"} if codebooks_from else None
     execute(step="quantize", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, body=body, files=files)
+
+
+def _previous(folder: Path):
+    """--codebooks-from's codebooks and SIDs, with the --collab width its step.json recorded."""
+    import dataclasses
+    import json
+
+    from gencli.core.sid import store
+
+    previous = store.load_codebooks(folder)
+    try:
+        params = json.loads((folder / "step.json").read_text(encoding="utf-8")).get("params", {})
+    except (OSError, ValueError):
+        params = {}  # a bare quantize folder: made without --collab unless the dims say otherwise (then exit 2)
+    collab_dim = int(params.get("collab_dim", 0)) if float(params.get("collab", 0) or 0) > 0 else 0
+    return dataclasses.replace(previous, collab_dim=collab_dim)
 
 
 def _quantize_dir(path: Path) -> Path:

@@ -96,6 +96,9 @@ KMEANS_MODES = ("auto", "full", "minibatch")  # quantize --kmeans
 MINIBATCH_ABOVE_ROWS = 100_000  # --kmeans auto: mini-batch k-means above this many items
 
 
+COLLAB = 0.5  # quantize: share of co-consumption in the clustered vectors (research/collab/NOTES.md)
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
     """Options of ``gencli quantize`` (residual k-means)."""
@@ -115,6 +118,11 @@ class QuantizeConfig:
     minibatch_size: int = option(4096, "minibatch: items drawn per update step (the k-means++ seeding sample is "
                                        "max(3 x this, 10 x codes) items).")
     minibatch_steps: int = option(300, "minibatch: update steps per level (no early stop).")
+    collab: float = option(COLLAB, "Share of co-consumption in the vectors quantized (0 = text only): item pairs close "
+                                "in training sequences (PPMI, truncated SVD) blended with the text embedding, so "
+                                "items bought or watched together share SID prefixes. With --codebooks-from, the codebooks' "
+                                "own setting applies and new items are placed by their text.")
+    collab_dim: int = option(64, "--collab: dimensions of the collaborative vectors.")
     device: str = device_option()
     codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
                                      "retraining).")
@@ -128,6 +136,8 @@ class QuantizeConfig:
         c.choice("kmeans", self.kmeans, KMEANS_MODES)
         c.positive("minibatch-size", self.minibatch_size)
         c.positive("minibatch-steps", self.minibatch_steps)
+        c.require(0 <= self.collab < 1, f"--collab must be in [0, 1) (got {self.collab!r})")
+        c.positive("collab-dim", self.collab_dim)
         c.choice("device", self.device, DEVICES)
         c.done()
 

@@ -178,3 +178,21 @@ def test_invalid_options_are_listed_together(tmp_path):
     r, p = _run(tmp_path / "w", "eval", "--beams", "0", "--k", "5,50", "--batch-size", "0")
     assert r.exit_code == EXIT_BAD_INPUT
     assert "--beams" in p["error"] and "--batch-size" in p["error"] and "--k" in p["error"]
+
+
+def test_collab_quantize_and_codebooks_from_through_the_cli(foundation, tmp_path):
+    _, _, wd0, _ = foundation
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(wd0, first)
+    r, p = _run(first, "quantize", "--codes", "16", "--collab", "0.5", "--collab-dim", "8")
+    assert r.exit_code == 0, r.output
+    assert p["metrics"]["dim"] == 384 + 8
+    shutil.copytree(first, second)
+    # the codebooks' recorded --collab width applies, whatever --collab says now
+    r, p = _run(second, "quantize", "--codes", "16", "--codebooks-from", str(first), "--force")
+    assert r.exit_code == 0, r.output
+    assert p["metrics"]["items_kept"] == p["metrics"]["items"] and p["metrics"]["dim"] == 384 + 8
+    assert pl.read_parquet(first / "quantize" / "sids.parquet").equals(
+        pl.read_parquet(second / "quantize" / "sids.parquet"))
+    r, p = _run(second, "quantize", "--codebooks-from", str(wd0), "--collab", "0.5", "--force")
+    assert r.exit_code == 0, r.output  # text-only codebooks: --collab does not apply with --codebooks-from

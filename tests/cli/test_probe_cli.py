@@ -25,7 +25,9 @@ def trained(embedded_workdir, tmp_path_factory):
     root = tmp_path_factory.mktemp("probe")
     base = root / "base"
     shutil.copytree(embedded_workdir, base)
-    assert _run("quantize", "--levels", "2", "--codes", "16", "--workdir", base, "--json").exit_code == 0
+    # text-only SIDs (--collab 0): the category counts below come from the text embedding
+    assert _run("quantize", "--levels", "2", "--codes", "16", "--collab", "0", "--workdir", base,
+                "--json").exit_code == 0
     dirs = {}
     for init in ("random", "centroid"):
         wd = root / init

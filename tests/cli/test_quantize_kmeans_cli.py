@@ -9,7 +9,9 @@ import numpy as np
 from click.testing import CliRunner
 
 from gencli.cli import cli
+from gencli.core.data import tables
 from gencli.core.sid import quantize, store
+from gencli.core.sid.collab import blend, collab_vectors
 from gencli.errors import EXIT_BAD_INPUT
 
 
@@ -30,8 +32,11 @@ def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(embedde
     assert metrics["peak_rss_mib"] > 0
     params = json.loads((wd / "quantize" / "step.json").read_text())["params"]
     assert (params["kmeans"], params["minibatch_size"], params["minibatch_steps"]) == ("minibatch", 256, 5)
-    # every item's codes are the nearest centroids of the written codebooks, level by level
-    x = np.load(wd / "embed" / "embeddings.npy")
+    # every item's codes are the nearest centroids of the written codebooks, level by level, for the vectors
+    # quantized: the text embedding blended with the train split's collaborative vectors (default --collab)
+    train = tables.load_split(wd / "ingest", "train")["sequence"].to_list()
+    text = np.load(wd / "embed" / "embeddings.npy")
+    x = blend(text, collab_vectors(train, len(text), params["collab_dim"], params["seed"]), params["collab"])
     codes = store.load_item_codes(wd / "quantize")
     assert np.array_equal(quantize.assign(x, store.load_codebook_list(wd / "quantize")).numpy(), codes[:, :2])
     # auto on the 891 sample items is full mode

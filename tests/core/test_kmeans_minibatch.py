@@ -124,13 +124,13 @@ def test_auto_picks_minibatch_only_above_the_documented_row_count():
 def test_run_reports_the_kmeans_mode_and_peak_rss(tmp_path):
     x, _ = blobs(per=50, k=4, dim=6, noise=0.05, seed=5)
     ids = [f"i{i}" for i in range(len(x))]
-    full = q.run(QuantizeConfig(codes=(4, 2), max_iter=10, device="cpu"), x, ids, tmp_path / "full")
+    full = q.run(QuantizeConfig(collab=0.0, codes=(4, 2), max_iter=10, device="cpu"), x, ids, tmp_path / "full")
     assert full["kmeans"] == "full"  # auto on 200 items
-    cfg = QuantizeConfig(codes=(4, 2), device="cpu", kmeans="minibatch", minibatch_size=32, minibatch_steps=10)
+    cfg = QuantizeConfig(collab=0.0, codes=(4, 2), device="cpu", kmeans="minibatch", minibatch_size=32, minibatch_steps=10)
     mini = q.run(cfg, x, ids, tmp_path / "mini")
     assert mini["kmeans"] == "minibatch" and [lv["iterations"] for lv in mini["per_level"]] == [10, 10]
     assert isinstance(mini["peak_rss_mib"], float) and mini["peak_rss_mib"] > 10
-    reused = q.run(QuantizeConfig(codes=(4,), device="cpu"), x, ids, tmp_path / "reuse",
+    reused = q.run(QuantizeConfig(collab=0.0, codes=(4,), device="cpu"), x, ids, tmp_path / "reuse",
                    previous=store.load_codebooks(tmp_path / "mini"))
     assert reused["kmeans"] is None and reused["mode"] == "codebooks_from"
     assert np.array_equal(store.load_item_codes(tmp_path / "reuse"), store.load_item_codes(tmp_path / "mini"))

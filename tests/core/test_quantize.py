@@ -130,7 +130,7 @@ def test_fewer_items_than_codes_is_an_input_error(tmp_path):
     message = str(e.value)
     assert "10 items" in message and "16 codes" in message and "--codes 8" in message
     with pytest.raises(InputError):
-        q.run(QuantizeConfig(codes=(16,), device="cpu"), x, [str(i) for i in range(10)], tmp_path / "out")
+        q.run(QuantizeConfig(collab=0.0, codes=(16,), device="cpu"), x, [str(i) for i in range(10)], tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -138,7 +138,7 @@ def test_run_writes_artifacts_and_metrics_on_a_hand_made_case(tmp_path):
     x, g0, g1 = hand_made()
     x = np.concatenate([x, x[[0, 0, 5]]])  # items 8, 9 repeat item 0; item 10 repeats item 5
     ids = [f"item{i}" for i in range(len(x))]
-    cfg = QuantizeConfig(codes=(2, 4), max_iter=10, seed=0, batch_size=4, device="cpu")
+    cfg = QuantizeConfig(collab=0.0, codes=(2, 4), max_iter=10, seed=0, batch_size=4, device="cpu")
     metrics = q.run(cfg, x, ids, tmp_path / "a")
 
     sids = pl.read_parquet(tmp_path / "a" / artifacts.SIDS)
@@ -209,7 +209,7 @@ def test_codebooks_from_keeps_old_sids_and_gives_new_items_the_next_dedup(tmp_pa
     x = clustered(60, 0)
     x[[58, 59]] = x[5]  # items 5, 58, 59 share an SID; 59 comes last, so it has the group's largest dedup code
     ids = [f"i{i}" for i in range(60)]
-    cfg = QuantizeConfig(codes=(4, 4), max_iter=20, seed=0, batch_size=32, device="cpu")
+    cfg = QuantizeConfig(collab=0.0, codes=(4, 4), max_iter=20, seed=0, batch_size=32, device="cpu")
     q.run(cfg, x, ids, tmp_path / "old")
     old = store.load_item_codes(tmp_path / "old")
     group = np.flatnonzero((old[:, :2] == old[5, :2]).all(1))
@@ -221,7 +221,7 @@ def test_codebooks_from_keeps_old_sids_and_gives_new_items_the_next_dedup(tmp_pa
     keep = list(range(59))[::-1]
     new_x = np.concatenate([x[keep], x[[5, 5]], clustered(1, 9)])
     new_ids = [ids[i] for i in keep] + ["new_a", "new_b", "new_c"]
-    metrics = q.run(QuantizeConfig(codes=(8,), device="cpu"), new_x, new_ids, tmp_path / "new", previous=previous)
+    metrics = q.run(QuantizeConfig(collab=0.0, codes=(8,), device="cpu"), new_x, new_ids, tmp_path / "new", previous=previous)
     full = store.load_item_codes(tmp_path / "new")
     assert np.array_equal(full[:59], old[keep])  # every old item keeps its SID, dedup included
     assert full[59, :2].tolist() == old[5, :2].tolist() == full[60, :2].tolist()
@@ -238,7 +238,7 @@ def test_codebooks_from_keeps_old_sids_and_gives_new_items_the_next_dedup(tmp_pa
 
 def test_load_codebooks_names_the_bad_file(tmp_path):
     x = clustered(30, 1)
-    q.run(QuantizeConfig(codes=(4, 2), max_iter=5, device="cpu"), x, [str(i) for i in range(30)], tmp_path / "q")
+    q.run(QuantizeConfig(collab=0.0, codes=(4, 2), max_iter=5, device="cpu"), x, [str(i) for i in range(30)], tmp_path / "q")
 
     with pytest.raises(ArtifactError, match=r"codebooks\.npz is missing"):
         store.load_codebooks(tmp_path / "nowhere")

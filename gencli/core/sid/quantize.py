@@ -36,6 +36,7 @@ from gencli.config import QuantizeConfig
 from gencli.core import artifacts
 from gencli.core.device import peak_rss_mib, resolve_device
 from gencli.core.progress import SILENT, Progress
+from gencli.core.sid.collab import blend, collab_vectors
 from gencli.core.sid.kmeans import kmeans, nearest
 from gencli.core.sid.minibatch import minibatch_kmeans, resolve_mode
 from gencli.core.sid.store import PreviousCodebooks, collision_stats, usage_stats, write_outputs
@@ -216,6 +217,7 @@ def run(
     out_dir: Path,
     progress: Progress = SILENT,
     previous: PreviousCodebooks | None = None,
+    sequences: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Quantize the item embeddings (row i = item_idx i) into SIDs; write CODEBOOKS, SIDS, TOKEN_MAP into out_dir.
 
@@ -231,6 +233,12 @@ def run(
     items_kept (+ items_dropped, codebooks_from), peak_rss_mib (the process's peak resident memory so far).
     """
     x = _check_embeddings(embeddings, item_ids)
+    if previous is not None:
+        x = _match_previous(x, previous)
+    elif cfg.collab > 0:  # training sequences add co-consumption: gencli.core.sid.collab
+        if sequences is None:
+            raise ValueError("cfg.collab > 0 needs the training sequences (or a QuantizeConfig with collab=0)")
+        x = blend(x, collab_vectors(sequences, len(x), cfg.collab_dim, cfg.seed), cfg.collab)
     device = resolve_device(cfg.device)
     n = len(x)
     if previous is None:
@@ -297,19 +305,26 @@ def _check_embeddings(embeddings: np.ndarray, item_ids: list[str]) -> np.ndarray
     return x.astype(np.float32, copy=False)
 
 
+def _match_previous(x: np.ndarray, previous: PreviousCodebooks) -> np.ndarray:
+    """The embeddings in the width of --codebooks-from's codebooks. That run's collaborative columns live in its own
+    SVD basis, so they are zero here: items are placed by their text alone."""
+    dim = previous.codebooks[0].shape[1]
+    if x.shape[1] + previous.collab_dim != dim:
+        raise InputError(
+            f"the embeddings have dim {x.shape[1]} but {previous.source / artifacts.CODEBOOKS} has dim {dim}"
+            + (f" ({dim - previous.collab_dim} text + {previous.collab_dim} --collab)" if previous.collab_dim else "")
+            + "; embed with the same model and --dim as the run that made those codebooks, or quantize without "
+            "--codebooks-from"
+        )
+    return blend(x, np.zeros((len(x), previous.collab_dim), np.float32), 0.0) if previous.collab_dim else x
+
+
 def _reuse(
     previous: PreviousCodebooks, x: np.ndarray, item_ids: list[str], cfg: QuantizeConfig, device, progress: Progress
 ) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
     """--codebooks-from: full SIDs [n, L+1] from the previous codebooks and SIDs, no training."""
     books = previous.codebooks
     levels = len(books)
-    dim = books[0].shape[1]
-    if x.shape[1] != dim:
-        raise InputError(
-            f"the embeddings have dim {x.shape[1]} but {previous.source / artifacts.CODEBOOKS} has dim {dim}; "
-            "embed with the same model and --dim as the run that made those codebooks, or quantize without "
-            "--codebooks-from"
-        )
     index = {item_id: row for row, item_id in enumerate(previous.item_ids)}
     rows = np.array([index.get(item_id, -1) for item_id in item_ids], dtype=np.int64)
     kept = rows >= 0

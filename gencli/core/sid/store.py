@@ -28,6 +28,8 @@ class PreviousCodebooks:
     """int64 [n_previous, L+1]: each previous item's SID, dedup code last."""
     source: Path
     """The quantize folder they came from (for messages)."""
+    collab_dim: int = 0
+    """Trailing codebook columns that were ``--collab`` vectors in that run (0 = text only)."""
 
 
 def usage_stats(labels: np.ndarray, k: int) -> dict[str, Any]:
