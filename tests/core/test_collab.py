@@ -72,10 +72,10 @@ def test_quantize_with_collab_puts_co_consumed_items_under_one_first_code(tmp_pa
     cfg = QuantizeConfig(codes=(2, 2), collab=0.9, collab_dim=4, device="cpu")
     metrics = q.run(cfg, text, ids, tmp_path / "with", sequences=two_groups())
     codes = store.load_codebooks(tmp_path / "with").codes
-    assert metrics["dim"] == 20
+    assert metrics["dim"] == 20 and metrics["collab_items"] == 8  # item 8 is in no sequence
     assert len(set(codes[:4, 0])) == 1 and len(set(codes[4:8, 0])) == 1 and codes[0, 0] != codes[4, 0]
     plain = q.run(QuantizeConfig(codes=(2, 2), collab=0.0, device="cpu"), text, ids, tmp_path / "text")
-    assert plain["dim"] == 16
+    assert plain["dim"] == 16 and "collab_items" not in plain
     with pytest.raises(ValueError, match="training sequences"):
         q.run(cfg, text, ids, tmp_path / "none")
 

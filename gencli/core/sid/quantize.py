@@ -230,15 +230,19 @@ def run(
     Metrics: items, dim, levels, codes, dedup_codes, collision_rate, max_group_size, n_unique_sids,
     reconstruction_error, per_level (used, utilisation, perplexity, quant_error, and when trained
     iterations, converged, reseeded), mode, kmeans (full or minibatch; None with ``previous``), items_new,
-    items_kept (+ items_dropped, codebooks_from), peak_rss_mib (the process's peak resident memory so far).
+    items_kept (+ items_dropped, codebooks_from), collab_items (with --collab: items with a collaborative vector; the
+    others are placed by text), peak_rss_mib (the process's peak resident memory so far).
     """
     x = _check_embeddings(embeddings, item_ids)
+    collab: dict[str, Any] = {}
     if previous is not None:
         x = _match_previous(x, previous)
     elif cfg.collab > 0:  # training sequences add co-consumption: gencli.core.sid.collab
         if sequences is None:
             raise ValueError("cfg.collab > 0 needs the training sequences (or a QuantizeConfig with collab=0)")
-        x = blend(x, collab_vectors(sequences, len(x), cfg.collab_dim, cfg.seed), cfg.collab)
+        c = collab_vectors(sequences, len(x), cfg.collab_dim, cfg.seed)
+        collab["collab_items"] = int(np.count_nonzero(np.abs(c).sum(axis=1)))  # the rest are placed by text alone
+        x = blend(x, c, cfg.collab)
     device = resolve_device(cfg.device)
     n = len(x)
     if previous is None:
@@ -274,6 +278,7 @@ def run(
         "reconstruction_error": recon,
         "per_level": level_stats,
         **extra,
+        **collab,
         "peak_rss_mib": peak_rss_mib(),
     }
 
