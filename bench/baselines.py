@@ -228,7 +228,8 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
 
 def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict:
     """init-vocab -> sft -> eval in a copy of the shared workdir; its test metrics and the exact commands."""
-    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}".encode()).hexdigest()[:6]  # variants may run side by side
+    # variants may run side by side, each in its own workdir
+    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}".encode()).hexdigest()[:6]
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
     if work.exists():  # a half-finished earlier attempt
         shutil.rmtree(work)

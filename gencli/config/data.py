@@ -118,10 +118,11 @@ class QuantizeConfig:
     minibatch_size: int = option(4096, "minibatch: items drawn per update step (the k-means++ seeding sample is "
                                        "max(3 x this, 10 x codes) items).")
     minibatch_steps: int = option(300, "minibatch: update steps per level (no early stop).")
-    collab: float = option(COLLAB, "Share of co-consumption in the vectors quantized (0 = text only): item pairs close "
-                                "in training sequences (PPMI, truncated SVD) blended with the text embedding, so "
-                                "items bought or watched together share SID prefixes. With --codebooks-from, the codebooks' "
-                                "own setting applies and new items are placed by their text.")
+    collab: float = option(COLLAB, "Share of co-consumption in the vectors quantized (0 = text only): item pairs "
+                                   "close in training sequences (PPMI, truncated SVD) blended with the text "
+                                   "embedding, so items bought or watched together share SID prefixes. With "
+                                   "--codebooks-from, the codebooks' own setting applies and new items are placed by "
+                                   "their text.")
     collab_dim: int = option(64, "--collab: dimensions of the collaborative vectors.")
     device: str = device_option()
     codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "

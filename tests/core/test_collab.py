@@ -88,7 +88,8 @@ def test_codebooks_from_with_collab_places_new_items_by_text_and_checks_the_dim(
     previous = dataclasses.replace(store.load_codebooks(tmp_path / "old"), collab_dim=4)  # as the CLI reads it
     ids = [*(f"i{k}" for k in range(9)), "new"]
     more = np.concatenate([text, text[:1]])  # the new item has item 0's text
-    for now in (cfg, QuantizeConfig(codes=(2,), collab=0.0, device="cpu")):  # the codebooks' setting applies, not --collab
+    # the codebooks' setting applies, whatever --collab says now
+    for now in (cfg, QuantizeConfig(codes=(2,), collab=0.0, device="cpu")):
         q.run(now, more, ids, tmp_path / "new", previous=previous, sequences=two_groups())
         codes = store.load_codebooks(tmp_path / "new").codes
         np.testing.assert_array_equal(codes[:9], previous.codes)
