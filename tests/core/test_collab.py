@@ -28,6 +28,8 @@ def test_cooccurrence_counts_pairs_within_the_window_both_ways():
     wide = dense(cooccurrence([np.array([0, 1, 2])], n_items=3, window=5))
     assert wide[0, 2] == wide[2, 0] == 1  # two apart counts with a wider window
     assert cooccurrence([np.array([3])], n_items=4).values().numel() == 0
+    many = [np.random.default_rng(k).integers(0, 30, size=12) for k in range(20)]
+    np.testing.assert_array_equal(dense(cooccurrence(many, 30, chunk=7)), dense(cooccurrence(many, 30)))  # chunked
 
 
 def test_ppmi_is_the_positive_part_of_log_joint_over_marginals():

@@ -19,23 +19,33 @@ import numpy as np
 import torch
 
 COLLAB_WINDOW = 5  # items at most this many positions apart in a sequence count as co-consumed
+PAIR_CHUNK = 4_000_000  # item pairs collected before they are summed into the sparse counts
 SVD_ITERS = 6  # subspace iterations of the randomised SVD (converged for the leading vectors on real logs)
 
 
-def cooccurrence(sequences: Sequence[np.ndarray], n_items: int, window: int = COLLAB_WINDOW) -> torch.Tensor:
-    """Symmetric counts of item pairs at most ``window`` positions apart (sparse COO, float64, coalesced)."""
-    rows, cols = [], []
-    for seq in sequences:
-        s = np.asarray(seq, dtype=np.int64)
-        for d in range(1, min(window, len(s) - 1) + 1):
-            rows += [s[:-d], s[d:]]
-            cols += [s[d:], s[:-d]]
-    if not rows:
-        return torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                                       (n_items, n_items), check_invariants=False).coalesce()
-    index = torch.from_numpy(np.stack([np.concatenate(rows), np.concatenate(cols)]))
-    values = torch.ones(index.shape[1], dtype=torch.float64)
-    return torch.sparse_coo_tensor(index, values, (n_items, n_items), check_invariants=False).coalesce()
+def cooccurrence(sequences: Sequence[np.ndarray], n_items: int, window: int = COLLAB_WINDOW,
+                 chunk: int = PAIR_CHUNK) -> torch.Tensor:
+    """Symmetric counts of item pairs at most ``window`` positions apart (sparse COO, float64, coalesced). Pairs are
+    summed in chunks of about ``chunk``, so memory follows the distinct pairs, not the log's length."""
+    total = torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                                    (n_items, n_items), check_invariants=False)
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    pending = 0
+    for seq in (*sequences, None):  # None flushes the last chunk
+        if seq is not None:
+            s = np.asarray(seq, dtype=np.int64)
+            for d in range(1, min(window, len(s) - 1) + 1):
+                rows += [s[:-d], s[d:]]
+                cols += [s[d:], s[:-d]]
+                pending += 2 * (len(s) - d)
+        if rows and (pending >= chunk or seq is None):
+            index = torch.from_numpy(np.stack([np.concatenate(rows), np.concatenate(cols)]))
+            part = torch.sparse_coo_tensor(index, torch.ones(index.shape[1], dtype=torch.float64),
+                                           (n_items, n_items), check_invariants=False)
+            total = (total + part).coalesce()
+            rows, cols, pending = [], [], 0
+    return total.coalesce()
 
 
 def ppmi(counts: torch.Tensor) -> torch.Tensor:
