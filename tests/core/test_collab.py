@@ -57,7 +57,7 @@ def test_vectors_group_co_consumed_items_are_seeded_and_zero_for_unseen_items():
     same = np.add.outer(np.arange(8) // 4, np.arange(8) // 4) % 2 == 0
     assert sims[same].min() > sims[~same].max()
     np.testing.assert_array_equal(v, collab_vectors(two_groups(), n_items=9, dim=4, seed=0))
-    assert collab_vectors([], n_items=3, dim=2).any() == False  # noqa: E712 - no sequence, no signal
+    assert not collab_vectors([], n_items=3, dim=2).any()  # no sequence, no signal
 
 
 def test_blend_scales_the_unit_text_and_the_collab_part():
