@@ -39,12 +39,13 @@ def quantize(levels, codes, codebooks_from, workdir, json_mode, force, **options
         from gencli.core.sid import embed
         from gencli.core.sid import quantize as core
 
-        items = tables.load_items(ws.input_dir("ingest", "quantize"))
+        ingest_dir = ws.input_dir("ingest", "quantize")
+        items = tables.load_items(ingest_dir)
         x = embed.load_embeddings(ws.input_dir("embed", "quantize"))
         previous = _previous(_quantize_dir(codebooks_from)) if codebooks_from else None
-        use_collab = cfg.collab > 0 and previous is None
-        sequences = tables.load_split(ws.input_dir("ingest", "quantize"), "train")["sequence"].to_list() \
-            if use_collab else None
+        # --collab reads the train split; --codebooks-from uses the recorded setting instead (core.run)
+        sequences = tables.load_split(ingest_dir, "train")["sequence"].to_list() \
+            if cfg.collab > 0 and previous is None else None
         return core.run(cfg, x, items["item_id"].to_list(), run.out_dir, progress, previous=previous,
                         sequences=sequences)
 
@@ -55,15 +56,14 @@ def quantize(levels, codes, codebooks_from, workdir, json_mode, force, **options
 def _previous(folder: Path):
     """--codebooks-from's codebooks and SIDs, with the --collab width its step.json recorded."""
     import dataclasses
-    import json
 
     from gencli.core.sid import store
+    from gencli.workspace.journal import STEP_JSON
+    from gencli.workspace.manifest import read_json
 
     previous = store.load_codebooks(folder)
-    try:
-        params = json.loads((folder / "step.json").read_text(encoding="utf-8")).get("params", {})
-    except (OSError, ValueError):
-        params = {}  # a bare quantize folder: made without --collab unless the dims say otherwise (then exit 2)
+    record = folder / STEP_JSON  # a bare quantize folder has none: text-only, unless the dims disagree (exit 2)
+    params = read_json(record, "step record").get("params", {}) if record.is_file() else {}
     collab_dim = int(params.get("collab_dim", 0)) if float(params.get("collab", 0) or 0) > 0 else 0
     return dataclasses.replace(previous, collab_dim=collab_dim)
 

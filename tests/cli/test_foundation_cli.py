@@ -196,3 +196,6 @@ def test_collab_quantize_and_codebooks_from_through_the_cli(foundation, tmp_path
         pl.read_parquet(second / "quantize" / "sids.parquet"))
     r, p = _run(second, "quantize", "--codebooks-from", str(wd0), "--collab", "0.5", "--force")
     assert r.exit_code == 0, r.output  # text-only codebooks: --collab does not apply with --codebooks-from
+    (first / "quantize" / "step.json").write_text('{"params": {"collab": 0.5, "coll')  # cut short
+    r, p = _run(second, "quantize", "--codebooks-from", str(first), "--force")
+    assert r.exit_code == EXIT_BAD_INPUT and str(first / "quantize" / "step.json") in p["error"]
