@@ -139,11 +139,9 @@ def execute(
         if run is not None and not run.up_to_date:
             ws.abort(run, error, keep_staging=resumable(step) and not isinstance(error, GencliError))
         if ws is not None:
+            if fresh and isinstance(error, InputError):
+                ws.remove_if_unused()  # decided under the lock: never what a concurrent command committed
             ws.release()
-        if fresh and isinstance(error, InputError) and ws is not None:
-            import shutil
-
-            shutil.rmtree(ws.root, ignore_errors=True)
         fail(error, json_mode)
     ws.release()
     result = {"step": step, "status": "done", "dir": str(ws.step_dir(step)), "seconds": record["timing"]["seconds"],

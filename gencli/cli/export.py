@@ -43,6 +43,8 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
                              "(`gencli run sample_data/pipeline.toml`) or point --workdir at one")
         if out_dir.resolve() == ws.root.resolve() or ws.root.resolve() in out_dir.resolve().parents:
             raise InputError(f"{out_dir} is inside the workdir {ws.root}; export to a folder outside it")
+        if out_dir.resolve() in ws.root.resolve().parents:
+            raise InputError(f"{out_dir} holds the workdir {ws.root}; export to a folder outside it")
         manifest = export_bundle(ws, out_dir, model_step, max_history, force)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode)

@@ -14,7 +14,7 @@ from gencli.steps import resumable
 from gencli.workspace.env import package_versions
 from gencli.workspace.hashing import describe_outputs, sha256_file, sha256_json
 from gencli.workspace.journal import STAGING, STEP_JSON, pending, settle, write_journal
-from gencli.workspace.lock import WorkdirLock
+from gencli.workspace.lock import LOCK_NAME, WorkdirLock
 from gencli.workspace.manifest import Manifest, read_json, write_json_atomic
 
 DEFAULT_WORKDIR = "gencli-work"
@@ -241,6 +241,32 @@ class Workspace:
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+    def remove_if_unused(self) -> bool:
+        """Delete the workdir when, under its lock, it holds no work: only the lock and empty staging folders.
+
+        What bad input on a new workdir leaves behind is removed, and decided under the lock, so a concurrent
+        command that committed a step meanwhile keeps it (the lock is busy, or the folder is no longer empty).
+        """
+        if not self.root.is_dir():
+            return False
+        lock = self.lock if self.lock is not None and self.lock.held else WorkdirLock(self.root)
+        try:
+            if not lock.held:
+                lock.acquire("cleanup")
+        except (LockedError, OSError):
+            return False
+        try:
+            for entry in self.root.iterdir():
+                if entry.name == LOCK_NAME:
+                    continue
+                if entry.name == STAGING and entry.is_dir() and not any(p.is_file() for p in entry.rglob("*")):
+                    continue
+                return False
+            shutil.rmtree(self.root, ignore_errors=True)
+            return True
+        finally:
+            lock.release()
 
     def _record(self, run: StepRun, status: str, metrics=None, outputs=None, argv=None, error=None) -> dict[str, Any]:
         finished = time.time()

@@ -150,6 +150,8 @@ def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catal
     assert not (tmp_path / "gencli-work").exists()
     again = _run(trained, "export", str(out))
     assert again.exit_code == 2 and "not empty" in again.output
+    holder = _run(trained, "export", str(trained.parent), "--force")  # once deleted the workdir inside it
+    assert holder.exit_code == 2 and "holds the workdir" in holder.output and (trained / "manifest.json").exists()
     (out / "model" / "config.json").write_text("{}")
     broken = _run(trained, "recommend", "--bundle", str(out), "--history", history)
     assert broken.exit_code == 2 and "re-export it" in broken.output and "Traceback" not in broken.output

@@ -170,6 +170,26 @@ def test_timestamps_as_dates_and_file_order_ties(tmp_path):
     assert sequences(t)["u1"] == [1]  # b (midnight 1 Jan) before a (10:00) before c
 
 
+def test_timestamps_with_a_zone_are_honoured_and_huge_numbers_refused(tmp_path):
+    """docs/formats.md's own example (2024-05-01T12:00:00Z) and +05:30 offsets were refused on every line."""
+    items, inter = log(tmp_path, ["u1,a,2024-05-01T12:00:00Z", "u1,b,2024-05-01T12:00:00+05:30",
+                                  "u1,c,2024-05-01 12:00:00", "u1,d,2024-05-01"], header="user_id,item_id,timestamp")
+    _, t = ingest(items, inter, tmp_path / "out")
+    noon = 1714564800
+    assert sorted(t[artifacts.INTERACTIONS]["timestamp"].to_list()) == [noon - 43200, noon - 19800, noon, noon]
+    _, huge = log(tmp_path / "h", ["u1,a,1", "u1,b,1.7e21", "u1,c,3"], header="user_id,item_id,timestamp")
+    assert "timestamp missing or not a number / date at line 3" in fails(items, huge, tmp_path / "o2")
+
+
+def test_duplicate_header_columns_are_refused_with_their_names(tmp_path):
+    """`item_id,title,title` kept a `title_duplicated_0`; a second `item_id` (the timestamps) was dropped."""
+    items, inter = log(tmp_path, ["u1,a,a,1", "u1,b,b,2"], header="user_id,item_id,item_id,rating")
+    assert "interactions.csv: the header names column(s) 'item_id' more than once" in fails(items, inter, tmp_path / "o")
+    twice = write(tmp_path / "twice.csv", "item_id,title,title\na,A,A2\nb,B,B2\n")
+    _, good = log(tmp_path / "g", ["u1,a", "u1,b"])
+    assert "twice.csv: the header names column(s) 'title' more than once" in fails(twice, good, tmp_path / "o2")
+
+
 @pytest.mark.parametrize("kind", ["tsv", "jsonl", "json", "parquet", "csv.gz"])
 def test_generic_table_formats_agree(tmp_path, kind):
     rows = [("u1", "a", 3), ("u1", "b", 1), ("u1", "c", 2), ("u2", "c", 5), ("u2", "a", 6), ("u2", "b", 7)]

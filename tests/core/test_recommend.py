@@ -185,6 +185,55 @@ def test_bundle_errors_name_the_problem(good_bundle, tmp_path):
         Recommender.load(good_bundle)
 
 
+def test_k_and_beams_are_capped_by_the_catalog_not_grown_without_bound(parts):
+    """k = 10**9 once set beams = k and grew to 22.8 GB: lists are capped at the catalog's size instead."""
+    rec = make(parts)
+    everything = rec.recommend([], k=10**9)
+    assert len(everything) == N_ITEMS and len({r.item_id for r in everything}) == N_ITEMS
+    assert [r.item_id for r in everything[:10]] == [r.item_id for r in rec.recommend([], k=10)]
+    unseen = rec.recommend(["i001", "i002"], k=10**9, beams=10**12)
+    assert len(unseen) == N_ITEMS - 2 and not {"i001", "i002"} & {r.item_id for r in unseen}
+    ranked = rec.rank([[1], [2, 3]], k=10**9)
+    assert ranked.items.shape == (2, N_ITEMS)
+
+
+def test_force_replaces_a_bundle_but_never_a_folder_holding_anything_else(parts, tmp_path):
+    """`export P --force` where P held the workdir deleted it: only a bundle's own listed files may be replaced."""
+    root, _, codes, ids, titles = parts
+    meta = {"source": {}, "metrics": {}, "decode": {"max_history": 3}}
+
+    def write(out):
+        return bundle.write_bundle(out, root / "model", root / artifacts.SID_VOCAB, ids, titles, codes, meta,
+                                   force=True)
+
+    parent = tmp_path / "p"
+    (parent / "ws" / "ingest").mkdir(parents=True)
+    (parent / "ws" / "manifest.json").write_text("{}")
+    (parent / "notes.txt").write_text("x")
+    with pytest.raises(InputError, match=r"replaces only a gencli bundle.*(notes.txt|ws/manifest.json).*nothing was"):
+        write(parent)
+    assert (parent / "notes.txt").read_text() == "x" and (parent / "ws" / "manifest.json").exists()
+    out = tmp_path / "b"
+    write(out)
+    write(out)  # a bundle is replaced by a bundle
+    assert Recommender.load(out).recommend(["i001"], k=3)
+    (out / "model" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"holds other files \(model/notes.txt\)"):
+        write(out)
+    assert (out / "model" / "notes.txt").exists() and (out / bundle.BUNDLE_JSON).exists()
+    with pytest.raises(InputError, match="holds the model being exported"):
+        bundle.write_bundle(root, root / "model", root / artifacts.SID_VOCAB, ids, titles, codes, meta, force=True)
+    assert (root / "model" / "config.json").exists()
+
+
+@pytest.mark.parametrize("decode", [{"max_history": "abc"}, {"max_history": 3, "beams": [1]},
+                                    {"max_history": 3, "beams": 10**12}, {"max_history": 0}, "fast"])
+def test_bundle_decode_fields_of_the_wrong_type_or_size_are_refused(good_bundle, decode):
+    _edit_json(good_bundle, decode=decode)
+    with pytest.raises(ArtifactError, match=r"(field decode\.(max_history|beams) must be|lacks the 'decode').*re-export"):
+        Recommender.load(good_bundle)
+
+
 def test_import_gencli_stays_light():
     code = "import sys, gencli; assert gencli.__version__; print(sorted(m for m in ('torch', 'polars') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -180,3 +180,16 @@ def test_second_process_gets_locked_error(tmp_path):
             b.begin("ingest", {}, [])
         finally:
             a.release()
+
+
+def test_cleanup_of_a_new_workdir_is_decided_under_the_lock(tmp_path):
+    """A failing command on a "new" workdir once deleted the ingest a concurrent command had just committed."""
+    failed = Workspace(tmp_path / "w")  # opened before the workdir existed, like a command with bad input
+    other = Workspace(tmp_path / "w")
+    _finish(other, "ingest", {"a": 1})  # the concurrent command commits meanwhile
+    assert not failed.remove_if_unused() and (tmp_path / "w" / "ingest" / "out.txt").exists()
+    busy = Workspace(tmp_path / "b")
+    run = busy.begin("ingest", {}, [])
+    assert not Workspace(tmp_path / "b").remove_if_unused()  # another process holds the lock: hands off
+    busy.abort(run, InputError("bad"))
+    assert busy.remove_if_unused() and not (tmp_path / "b").exists()  # only a lock and empty staging: removed

@@ -210,24 +210,36 @@ def _check_text(table: RawTable, catalog: pl.DataFrame, problems: Problems, stat
         )
 
 
+def _iso_seconds(text: str) -> int | None:
+    """Seconds since 1970 of an ISO date or datetime; a zone (``Z``, ``+05:30``) is honoured, none means UTC."""
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except (ValueError, TypeError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp() // 1)
+
+
 def _parse_numbers(events: pl.DataFrame, table: RawTable, problems: Problems, stats: dict) -> pl.DataFrame:
     """timestamp -> Int64 (integers, decimals or ISO dates; file order when absent), rating -> Float64."""
     if "timestamp" in events.columns:
         text = pl.col("timestamp").str.strip_chars()
         as_float = text.cast(pl.Float64, strict=False)
         numeric = pl.coalesce(
-            text.cast(pl.Int64, strict=False), pl.when(as_float.is_finite()).then(as_float.floor().cast(pl.Int64))
+            text.cast(pl.Int64, strict=False),
+            # 1.7e21 overflowed the Int64 cast with a traceback: past +-9e18 it is no timestamp, so a bad row
+            pl.when(as_float.is_finite() & (as_float.abs() < 9e18)).then(as_float.floor().cast(pl.Int64)),
         )
         events = events.with_columns(numeric.alias("_ts"))
         dates = events.filter(pl.col("_ts").is_null() & ~_blank("timestamp"))
         if dates.height:  # not numbers: ISO dates / datetimes, seconds since the epoch
-            try:
-                parsed = dates.select(
-                    LINE,
-                    pl.col("timestamp").str.strip_chars().str.to_datetime(strict=False).dt.epoch("s").alias("_date"),
-                )
-            except pl.exceptions.PolarsError:
-                parsed = dates.select(LINE, pl.lit(None, pl.Int64).alias("_date"))
+            values = dates["timestamp"].str.strip_chars().to_list()
+            seconds = {v: _iso_seconds(v) for v in set(values)}
+            parsed = dates.select(LINE).with_columns(
+                pl.Series("_date", [seconds[v] for v in values], dtype=pl.Int64))
             events = events.join(parsed, on=LINE, how="left").with_columns(pl.coalesce("_ts", "_date").alias("_ts"))
         bad = _lines(events, pl.col("_ts").is_null())
         if bad:

@@ -160,6 +160,16 @@ def parse_delimited(
                     "save it with the separator its extension says (.csv: comma, .tsv: tab) or rename it to match",
                 )
                 return None
+    if header and text:
+        try:
+            columns = next(iter(_csv_reader(text, sep, quote)), [])
+        except csv.Error:
+            columns = []  # polars reports what is wrong with the file below
+        twice = sorted({c.strip() for c in columns if [x.strip() for x in columns].count(c.strip()) > 1})
+        if twice:  # polars would keep `title_duplicated_0` or drop the second `item_id` without a word
+            problems.add(path, f"the header names column(s) {', '.join(map(repr, twice))} more than once "
+                               f"({first[:80]!r})", "rename or remove the repeated columns so each name is unique")
+            return None
     try:
         frame = pl.read_csv(
             io.StringIO(text),

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core import artifacts
 from gencli.errors import ArtifactError, InputError
 
@@ -49,8 +50,10 @@ def write_bundle(
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir} is a file; give a folder path for the bundle")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not force:
+            raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
+        _check_replaceable(out_dir, model_dir)
     from gencli.core.lm.backbone import check_model_folder
 
     check_model_folder(model_dir)  # a bundle without weights would only fail where it is used
@@ -87,6 +90,35 @@ def write_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _check_replaceable(out_dir: Path, model_dir: Path) -> None:
+    """``--force`` deletes ``out_dir``: only when it is a bundle whose every file its gencli.json lists.
+
+    A folder holding anything else (a workdir, notes, another project), or one that holds the model being
+    exported, is refused with the first foreign paths named, so a mistyped DIR never deletes data.
+    """
+    root = out_dir.resolve()
+    source = Path(model_dir).resolve()
+    if source == root or root in source.parents:
+        raise InputError(f"{out_dir} holds the model being exported ({model_dir}); export to a folder outside it")
+    listed: set[str] = set()
+    try:
+        meta = json.loads((out_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
+        if isinstance(meta, dict) and isinstance(meta.get("files"), dict):
+            listed = {str(name) for name in meta["files"]}
+    except (OSError, UnicodeDecodeError, ValueError):
+        listed = set()
+    foreign = []
+    for p in sorted(out_dir.rglob("*")):
+        if p.is_symlink() or (p.is_file() and p.relative_to(out_dir).as_posix() not in listed | {BUNDLE_JSON}):
+            foreign.append(p.relative_to(out_dir).as_posix())
+        elif not p.is_file() and not p.is_dir():
+            foreign.append(p.relative_to(out_dir).as_posix())
+    if not listed or foreign:
+        shown = ", ".join(foreign[:5]) or f"no readable {BUNDLE_JSON}"
+        raise InputError(f"--force replaces only a gencli bundle, and {out_dir} holds other files ({shown}); "
+                         "nothing was deleted: choose a new folder, or remove those files yourself")
 
 
 def _bad(path: Path, why: str) -> ArtifactError:
@@ -202,4 +234,18 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
         raise _bad(path, str(exc).split("; rerun")[0]) from None
     decode = meta["decode"]
     return Bundle(Path(path), model, vocab, items["item_id"].to_list(), items["title"].to_list(), codes,
-                  max_history=int(decode.get("max_history", 20)), beams=int(decode.get("beams", 0)), metadata=meta)
+                  max_history=_decode_int(path, decode, "max_history", SFT_MAX_HISTORY, 1),
+                  beams=_decode_int(path, decode, "beams", 0, 0), metadata=meta)
+
+
+def _decode_int(path: Path, decode: Any, key: str, default: int, low: int) -> int:
+    """``decode[key]`` of gencli.json as an int in [low, MAX_BEAMS or the prompt bound], else an ArtifactError."""
+    from gencli.core.infer.recommend import MAX_BEAMS
+
+    if not isinstance(decode, dict):
+        raise _bad(path, f"{BUNDLE_JSON} field decode must be an object")
+    value = decode.get(key, default)
+    high = MAX_BEAMS if key == "beams" else 1_000_000
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(path, f"{BUNDLE_JSON} field decode.{key} must be an integer in [{low}, {high}] (got {value!r})")
+    return value

@@ -30,6 +30,8 @@ from gencli.errors import ArtifactError, InputError
 
 DEFAULT_K = 10
 DEFAULT_BEAMS = 20  # eval's default: beams = max(k, 20) keeps recommend's list equal to eval's for k <= 20
+MAX_BEAMS = 4096  # beyond this one prompt's beams alone outgrow memory on a large vocabulary
+BEAM_ROWS = 1024  # prompts x beams decoded at once; wide searches get smaller batches (default 32 x 20 = 640)
 
 
 class Recommendation(NamedTuple):
@@ -133,9 +135,17 @@ class Recommender:
         """Top ``k`` item indices per history of item indices (the engine behind every entry point)."""
         if k < 1:
             raise InputError(f"k must be >= 1 (got {k})")
-        beams = beams or max(k, self.beams or DEFAULT_BEAMS)
-        if beams < k:
+        if beams and beams < k:
             raise InputError(f"--beams ({beams}) must be >= --k ({k}): each beam ends as one item")
+        # no list can hold more items than the catalog, and a beam past the catalog size ends as no item:
+        # both are capped there, so memory follows what exists, not what was asked
+        n_items = len(self.item_ids)
+        k = min(k, n_items)
+        beams = min(beams or max(k, self.beams or DEFAULT_BEAMS), n_items)
+        if beams > MAX_BEAMS:
+            raise InputError(f"k and beams are at most {MAX_BEAMS} on this catalog of {n_items:,} items "
+                             f"(asked for beams {beams}); ask for fewer items per list")
+        batch_size = max(1, min(self.batch_size, BEAM_ROWS // beams))
         bad = sorted({i for h in histories for i in h if not 0 <= i < len(self.item_ids)})
         if bad:
             raise InputError(f"item indices {bad[:5]} are outside the catalog of {len(self.item_ids)} items")
@@ -144,7 +154,7 @@ class Recommender:
         if not prompts:
             return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
         items, scores = constrained_beam_search(
-            self.model, prompts, self.trie, beams=beams, top_k=k, batch_size=self.batch_size, device=self.device,
+            self.model, prompts, self.trie, beams=beams, top_k=k, batch_size=batch_size, device=self.device,
             progress=progress, softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
             banned=[list(h) for h in histories] if exclude_seen else None,
         )
