@@ -240,3 +240,22 @@ def test_import_gencli_stays_light():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert torch  # the test module itself may import torch; the check above runs in a fresh process
+
+
+def test_bundle_paths_are_confined_to_the_bundle(good_bundle, tmp_path):
+    """A weight_map naming ../outside.safetensors was followed; a file list naming /etc/shadow was stat-ed."""
+    meta = json.loads((good_bundle / bundle.BUNDLE_JSON).read_text())
+    for name in ("/etc/shadow", "../outside.txt", "model/../../x"):
+        _edit_json(good_bundle, files={**meta["files"], name: 1})
+        with pytest.raises(ArtifactError, match="lists file\\(s\\) outside the bundle") as err:
+            Recommender.load(good_bundle)
+        assert "missing" not in str(err.value) and "bytes" not in str(err.value)  # says nothing of the file
+    _edit_json(good_bundle, files={**meta["files"], "items.parquet": "big"})
+    with pytest.raises(ArtifactError, match="items.parquet has no byte count"):
+        Recommender.load(good_bundle)
+    _edit_json(good_bundle, files=meta["files"])
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../outside.safetensors"}}
+    (good_bundle / "model" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ArtifactError, match="points to weights outside the bundle"):
+        Recommender.load(good_bundle)

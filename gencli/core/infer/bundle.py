@@ -162,10 +162,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
     needed = (ITEMS, artifacts.SID_VOCAB, f"{MODEL}/config.json")
     if not isinstance(files, dict) or any(name not in files for name in needed):
         raise _bad(path, f"{BUNDLE_JSON} lacks the file list (or it misses one of {', '.join(needed)})")
+    outside = [name for name in files if not _inside(path, name)]
+    if outside:  # never stat (or later read) a path outside the bundle: /etc/shadow, ../
+        raise _bad(path, f"{BUNDLE_JSON} lists file(s) outside the bundle ({', '.join(map(repr, outside[:3]))})")
     problems = []
     for name, size in files.items():
         p = path / name
-        if not p.is_file():
+        if isinstance(size, bool) or not isinstance(size, int):
+            problems.append(f"{name} has no byte count in {BUNDLE_JSON} (got {size!r})")
+        elif not p.is_file():
             problems.append(f"{name} is missing")
         elif p.stat().st_size != size:
             problems.append(f"{name} has {p.stat().st_size} bytes, {size} expected")
@@ -174,6 +179,36 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(meta.get("decode"), dict):
         raise _bad(path, f"{BUNDLE_JSON} lacks the 'decode' object")
     return meta
+
+
+def _inside(root: Path, name: Any) -> bool:
+    """True when ``name`` is a relative path that stays inside ``root``, symbolic links resolved."""
+    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or "\x00" in name:
+        return False
+    parts = Path(name).parts
+    if ".." in parts:
+        return False
+    base = Path(root).resolve()
+    target = (base / name).resolve()
+    return target == base or base in target.parents
+
+
+def check_weight_map(path: Path) -> None:
+    """A sharded model's index may name only shard files inside the bundle's model folder."""
+    model = Path(path) / MODEL
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        file = model / index
+        if not file.is_file():
+            continue
+        try:
+            weight_map = json.loads(file.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+            raise _bad(path, f"{MODEL}/{index} is not a valid index ({exc})") from None
+        if not isinstance(weight_map, dict):
+            raise _bad(path, f"{MODEL}/{index} has no weight_map object")
+        outside = sorted({str(v) for v in weight_map.values() if not _inside(model, v)})
+        if outside:
+            raise _bad(path, f"{MODEL}/{index} points to weights outside the bundle ({', '.join(outside[:3])})")
 
 
 def read_items(path: Path) -> pl.DataFrame:
@@ -227,6 +262,7 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     except ArtifactError as exc:
         raise _bad(path, str(exc).split("; rerun")[0]) from None
     codes = items["codes"].list.to_array(int(items["codes"].list.len()[0])).to_numpy().astype(np.int64)
+    check_weight_map(path)
     torch_device = resolve_device(device)
     try:
         model, _ = load_model(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
