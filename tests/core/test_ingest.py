@@ -190,6 +190,23 @@ def test_duplicate_header_columns_are_refused_with_their_names(tmp_path):
     assert "twice.csv: the header names column(s) 'title' more than once" in fails(twice, good, tmp_path / "o2")
 
 
+def test_damaged_gzip_and_deeply_nested_lines_are_bad_input(tmp_path):
+    """A .gz that is not gzip or is cut short, and a JSON line nested 50,000 deep, were tracebacks."""
+    _, inter = log(tmp_path, ["u1,a", "u1,b"])
+    plain = write(tmp_path / "items.csv.gz", "item_id,title\na,A\n")
+    assert "items.csv.gz: is not a complete gzip file" in fails(plain, inter, tmp_path / "o1")
+    whole = gzip.compress(("item_id,title\n" + "".join(f"x{i},Item {i}\n" for i in range(2000))).encode())
+    cut = write(tmp_path / "cut.csv.gz", whole[: len(whole) // 2])
+    assert "cut.csv.gz: is not a complete gzip file" in fails(cut, inter, tmp_path / "o2")
+    records = gzip.compress("".join(f'{{"item_id": "x{i}", "title": "Item {i * 7919 % 10007}"}}\n'
+                                    for i in range(3000)).encode())
+    lines = write(tmp_path / "cut.jsonl.gz", records[: len(records) // 2])
+    assert "cut.jsonl.gz: is not a complete gzip file" in fails(lines, inter, tmp_path / "o3")
+    deep = write(tmp_path / "deep.jsonl", '{"item_id": "a", "title": "A"}\n{"item_id": "b", "t": '
+                 + "[" * 50000 + "]" * 50000 + "}\n")
+    assert "deep.jsonl: line 2 is not a JSON object" in fails(deep, inter, tmp_path / "o4")
+
+
 @pytest.mark.parametrize("kind", ["tsv", "jsonl", "json", "parquet", "csv.gz"])
 def test_generic_table_formats_agree(tmp_path, kind):
     rows = [("u1", "a", 3), ("u1", "b", 1), ("u1", "c", 2), ("u2", "c", 5), ("u2", "a", 6), ("u2", "b", 7)]

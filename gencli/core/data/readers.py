@@ -18,6 +18,7 @@ import csv
 import gzip
 import io
 import json
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +108,11 @@ def read_bytes(path: Path) -> bytes:
     """File content, gunzipped for .gz, without a UTF-8 byte-order mark."""
     data = path.read_bytes()
     if path.suffix.lower() == ".gz":
-        data = gzip.decompress(data)
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:  # not gzip, or cut short
+            raise InputError(f"{path}: is not a complete gzip file ({err}); gzip it again or drop the .gz "
+                             "from its name") from None
     return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
 
 
@@ -251,7 +256,7 @@ def iter_json_lines(path: Path, problems: Problems, *, python_literals: bool = F
     bad: list[int] = []
     offset = 0
     with opener(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
+        for number, raw in _lines_of(fh, path):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw, offset = raw[3:], 3
             try:
@@ -276,9 +281,22 @@ def iter_json_lines(path: Path, problems: Problems, *, python_literals: bool = F
         )
 
 
+def _lines_of(fh: Any, path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered raw lines; a damaged gzip stream is an InputError naming the file, not a traceback."""
+    number = 0
+    try:
+        for number, raw in enumerate(fh, start=1):
+            yield number, raw
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise InputError(f"{path}: is not a complete gzip file (after line {number}: {err}); gzip it again or "
+                         "drop the .gz from its name") from None
+
+
 def _parse_object(line: str, python_literals: bool) -> dict | None:
     try:
         value = json.loads(line)
+    except RecursionError:  # nested thousands deep: no record of ours
+        return None
     except json.JSONDecodeError:
         if not python_literals:
             return None
