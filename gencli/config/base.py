@@ -84,6 +84,32 @@ class Checks:
         if self.problems:
             raise ConfigError(self.step, self.problems)
 
+    def types(self, cfg: Any) -> None:
+        """Raise at once, listing every field whose value is not of its declared plain type (int, float, bool,
+        str): values that reach a config without click (TOML top-level keys) get the checks options get."""
+        import dataclasses
+        import typing
+
+        hints = typing.get_type_hints(type(cfg))
+        wrong = []
+        for f in dataclasses.fields(cfg):
+            kind, value = hints.get(f.name), getattr(cfg, f.name)
+            if kind is bool:
+                ok = isinstance(value, bool)
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif kind is str:
+                ok = isinstance(value, str)
+            else:
+                continue
+            if not ok:
+                wrong.append(f"--{f.name.replace('_', '-')} must be {'a' if kind is not int else 'an'} "
+                             f"{kind.__name__} (got {value!r})")
+        if wrong:
+            raise ConfigError(self.step, wrong)
+
 
 def device_option(help: str = "Where to run: auto picks cuda when available.") -> Any:
     return option("auto", help, choices=DEVICES)

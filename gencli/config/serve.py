@@ -130,6 +130,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         c = Checks("run")
+        c.types(self)  # TOML top-level keys reach here without click: "abc" is no tolerance
         c.require(0 <= self.promote_tolerance < 1, f"--promote-tolerance must be in [0, 1) (got {self.promote_tolerance})")
         c.positive("promote-users", self.promote_users, allow_zero=True)
         c.positive("keep-bundles", self.keep_bundles)

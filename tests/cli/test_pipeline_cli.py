@@ -129,6 +129,18 @@ def test_bad_pipeline_config_is_exit_2(tmp_path):
     assert "embedd" in error and "quantise" in error
 
 
+@pytest.mark.parametrize("line,named", [('promote-tolerance = "abc"', "--promote-tolerance must be a float"),
+                                        ('keep-bundles = "five"', "--keep-bundles must be an int"),
+                                        ("promote = 5", "--promote must be a str")])
+def test_top_level_keys_of_the_wrong_type_are_exit_2_before_any_step(tmp_path, line, named):
+    """They were tracebacks, and `promote = 5` ran every step first."""
+    config = tmp_path / "p.toml"
+    config.write_text(f'{line}\nsteps = ["ingest"]\n[ingest]\nitems = "nowhere.csv"\n')
+    result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(tmp_path / "w"), "--json"])
+    assert result.exit_code == 2, result.output
+    assert named in _json(result)["error"] and not (tmp_path / "w" / "ingest").exists()
+
+
 def _sft_args(wd: Path) -> list[str]:
     return ["sft", "--workdir", str(wd), "--json", "--max-steps", "16", "--save-every", "2", "--batch-size", "16",
             "--eval-every", "8", "--eval-users", "20", "--eval-beams", "5", "--max-history", "5", "--device", "cpu"]
