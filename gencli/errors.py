@@ -43,3 +43,10 @@ class LockedError(GencliError):
     """The workdir is locked by another running gencli process."""
 
     exit_code = EXIT_LOCKED
+
+
+class BrokenModelError(GencliError):
+    """The model answers, but not as a trained model can (NaN scores, fewer items than the catalog allows):
+    exit 1 with a message saying so, never an empty success."""
+
+    exit_code = EXIT_FAILED

@@ -259,3 +259,19 @@ def test_bundle_paths_are_confined_to_the_bundle(good_bundle, tmp_path):
     (good_bundle / "model" / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ArtifactError, match="points to weights outside the bundle"):
         Recommender.load(good_bundle)
+
+
+def test_a_broken_model_is_an_error_never_an_empty_answer(parts):
+    """NaN weights and items sharing one SID gave `{"items": []}` with exit 0."""
+    from gencli.errors import BrokenModelError
+
+    root, vocab, codes, ids, titles = parts
+    model = tiny_qwen3(BASE + sum(LEVELS))
+    with torch.no_grad():
+        model.get_output_embeddings().weight.fill_(float("nan"))
+    rec = Recommender(model, vocab, ids, titles, codes, max_history=3)
+    with pytest.raises(BrokenModelError, match="the model is broken"):
+        rec.recommend(["i001"], k=5)
+    same = np.repeat(codes[:1], N_ITEMS, axis=0)
+    with pytest.raises(ArtifactError, match="29 item\\(s\\) share their SID"):
+        Recommender(tiny_qwen3(BASE + sum(LEVELS)), vocab, ids, titles, same)

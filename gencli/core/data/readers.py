@@ -14,7 +14,6 @@ caller raises after both files were read. Input formats: docs/formats.md.
 from __future__ import annotations
 
 import ast
-import csv
 import gzip
 import io
 import json
@@ -26,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from gencli.core.data.csvlines import ragged_lines, record_start_lines, repeated_header_names
 from gencli.errors import InputError
 
 LINE = "_line"  # where a record starts in its file, as a person counts
@@ -166,11 +166,7 @@ def parse_delimited(
                 )
                 return None
     if header and text:
-        try:
-            columns = next(iter(_csv_reader(text, sep, quote)), [])
-        except csv.Error:
-            columns = []  # polars reports what is wrong with the file below
-        twice = sorted({c.strip() for c in columns if [x.strip() for x in columns].count(c.strip()) > 1})
+        twice = repeated_header_names(text, sep, quote)
         if twice:  # polars would keep `title_duplicated_0` or drop the second `item_id` without a word
             problems.add(path, f"the header names column(s) {', '.join(map(repr, twice))} more than once "
                                f"({first[:80]!r})", "rename or remove the repeated columns so each name is unique")
@@ -187,7 +183,7 @@ def parse_delimited(
             raise_if_empty=False,
         )
     except pl.exceptions.PolarsError as err:
-        bad = _ragged_lines(text, sep, quote, header, len(names) if names else None)
+        bad = ragged_lines(text, sep, quote, header, len(names) if names else None)
         if bad:
             problems.add(
                 path,
@@ -209,42 +205,12 @@ def parse_delimited(
     if frame.height + offset - 1 == _physical_lines(text) or not text:
         lines = pl.int_range(offset, frame.height + offset, eager=True, dtype=pl.Int64)
     else:  # quoted newlines: ask the csv module where each record starts
-        lines = pl.Series(_record_start_lines(text, sep, quote, header), dtype=pl.Int64)
+        lines = pl.Series(record_start_lines(text, sep, quote, header), dtype=pl.Int64)
         if len(lines) != frame.height:  # both parsers disagree: best effort
             lines = pl.int_range(offset, frame.height + offset, eager=True, dtype=pl.Int64)
     frame = frame.with_columns(lines.alias(LINE))
     blank = pl.all_horizontal(pl.exclude(LINE).is_null())  # blank lines come back as all-null rows
     return frame.filter(~blank)
-
-
-def _csv_reader(text: str, sep: str, quote: str | None) -> Any:
-    if quote is None:
-        return csv.reader(io.StringIO(text), delimiter=sep, quoting=csv.QUOTE_NONE)
-    return csv.reader(io.StringIO(text), delimiter=sep, quotechar=quote)
-
-
-def _record_start_lines(text: str, sep: str, quote: str | None, header: bool) -> list[int]:
-    reader, starts, end = _csv_reader(text, sep, quote), [], 0
-    for _ in reader:
-        starts.append(end + 1)
-        end = reader.line_num
-    return starts[1:] if header else starts
-
-
-def _ragged_lines(text: str, sep: str, quote: str | None, header: bool, width: int | None) -> list[tuple[int, tuple]]:
-    """(line, (found, expected)) of records whose field count differs from the header's."""
-    reader, bad, end = _csv_reader(text, sep, quote), [], 0
-    try:
-        for record in reader:
-            start, end = end + 1, reader.line_num
-            if width is None:
-                width = len(record)
-                continue
-            if record and len(record) != width:
-                bad.append((start, (len(record), width)))
-    except csv.Error:
-        pass
-    return bad
 
 
 def iter_json_lines(path: Path, problems: Problems, *, python_literals: bool = False) -> Iterator[tuple[int, dict]]:

@@ -26,7 +26,7 @@ from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.core.progress import SILENT, Progress
-from gencli.errors import ArtifactError, InputError
+from gencli.errors import ArtifactError, BrokenModelError, InputError
 
 DEFAULT_K = 10
 DEFAULT_BEAMS = 20  # eval's default: beams = max(k, 20) keeps recommend's list equal to eval's for k <= 20
@@ -83,6 +83,10 @@ class Recommender:
         if len(self.index) != len(self.item_ids):
             raise ArtifactError("the catalog lists an item id twice")
         self.item_tokens = item_token_ids(item_codes, vocab)
+        shared = len(self.item_tokens) - len(np.unique(self.item_tokens, axis=0)) if len(self.item_tokens) else 0
+        if shared:  # items with one SID cannot be told apart: the search would silently drop all but one
+            raise ArtifactError(f"{shared} item(s) share their SID with another item; SIDs must be unique (the "
+                                "dedup level of quantize makes them so): rerun gencli quantize")
         self.trie = SidTrie(self.item_tokens)
         n_logits = model.config.vocab_size
         if self.trie.vocab_bound > n_logits:
@@ -158,7 +162,22 @@ class Recommender:
             progress=progress, softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
             banned=[list(h) for h in histories] if exclude_seen else None,
         )
+        self._check_full(histories, items, scores, k, exclude_seen)
         return Ranked(items, scores)
+
+    def _check_full(self, histories, items: np.ndarray, scores: np.ndarray, k: int, exclude_seen: bool) -> None:
+        """The search returns min(k, allowed items) per history by construction; less, or a NaN score, means the
+        weights are broken (bit flips, NaN): say so rather than answer with a short or empty list."""
+        found = items >= 0
+        nan = np.isnan(scores) & found
+        for row, history in enumerate(histories):
+            allowed = len(self.item_ids) - (len(set(history)) if exclude_seen else 0)
+            got = int(found[row].sum())
+            if got < min(k, allowed) or nan[row].any():
+                raise BrokenModelError(
+                    f"the model is broken: it ranked {got} of the {min(k, allowed)} items this catalog allows"
+                    f"{' and scored some NaN' if nan[row].any() else ''} (history {row}); its weights are damaged "
+                    "or not trained: re-export the bundle or retrain")
 
     def recommend_batch(
         self, histories: Sequence[Sequence[str]], k: int = DEFAULT_K, exclude_seen: bool = True, strict: bool = False,
