@@ -60,14 +60,31 @@ def long_frame(rec, user_ids: list, ranked) -> pl.DataFrame:
                                       "score": pl.Float32, "title": pl.String})
 
 
+def _stdin_lines(stream):
+    """Numbered lines; a stream that cannot be decoded is bad input naming the line, not a traceback."""
+    number = 0
+    try:
+        for number, line in enumerate(stream, start=1):
+            yield number, line
+    except UnicodeDecodeError:
+        raise InputError(f"--stdin: line {number + 1} is not UTF-8 text; send UTF-8 JSON Lines") from None
+
+
 def read_queries(stream, have_workdir_users: bool) -> list[tuple[Any, list[str] | None]]:
     """JSON Lines {"user_id": ..., "history": [item ids]} -> [(user_id, history or None)]; every bad line listed."""
     queries, problems = [], []
-    for number, line in enumerate(stream, start=1):
+    for number, line in _stdin_lines(stream):
         if not line.strip():
             continue
         try:
+            line.encode("utf-8")  # undecodable bytes arrive as surrogates: they would be written back as bad JSON
             obj = json.loads(line)
+        except UnicodeEncodeError:
+            problems.append(f"line {number}: not UTF-8 text")
+            continue
+        except RecursionError:
+            problems.append(f"line {number}: nested too deeply to be a query")
+            continue
         except json.JSONDecodeError as exc:
             problems.append(f"line {number}: not JSON ({exc.msg})")
             continue
@@ -167,7 +184,8 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
     answers = [{"user_id": u, "items": [r._asdict() for r in rec.to_recommendations(items, scores)],
                 "skipped": s} for u, items, scores, s in zip(user_ids, ranked.items, ranked.scores, skipped, strict=True)]
     if unknown_all:
-        _warn(f"skipped {sum(map(len, skipped))} history item id(s) not in the catalog "
+        _warn(f"skipped {len(unknown_all)} distinct history item id(s) not in the catalog "
+              f"({sum(map(len, skipped))} occurrences) "
               f"({', '.join(unknown_all[:MAX_LISTED])}); --strict makes this an error")
     if output == "-":
         for answer in answers:
@@ -200,11 +218,10 @@ def _write(path: Path, answers: list[dict], frame: pl.DataFrame) -> None:
 
 
 def _warn(message: str) -> None:
-    from rich.markup import escape
 
     from gencli.ui.output import console
 
-    console(stderr=True).print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)
+    console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
 
 
 def _report(answers: list[dict], output, rec, histories: list[list[int]], json_mode: bool) -> None:
@@ -229,16 +246,23 @@ def _report(answers: list[dict], output, rec, histories: list[list[int]], json_m
         print_user(c, answer["user_id"], [rec.titles[i] for i in history], answer["items"])
 
 
+def printable(text: str) -> str:
+    """Catalog text safe for a terminal: rich markup escaped, control characters (escape sequences) shown as
+    ``\\x1b`` rather than sent to the terminal."""
+    from rich.markup import escape
+
+    return escape("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text))
+
+
 def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5) -> None:
     """One user's recent history and top items, as a small rich table."""
-    from rich.markup import escape
     from rich.table import Table
 
     shown = history_titles[-last:]
     more = len(history_titles) - len(shown)
     who = f"user {user_id}" if user_id is not None else "ad-hoc history"
-    recent = "; ".join(escape(t) for t in shown) or "(empty: the model's unconditional top items)"
-    c.print(f"\n[bold]{escape(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
+    recent = "; ".join(printable(t) for t in shown) or "(empty: the model's unconditional top items)"
+    c.print(f"\n[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
             soft_wrap=True)
     table = Table(show_header=True, header_style="bold")
     table.add_column("#", justify="right")
@@ -246,7 +270,7 @@ def print_user(c, user_id, history_titles: list[str], items: list[dict], last: i
     table.add_column("title")
     table.add_column("score", justify="right")
     for rank, item in enumerate(items, start=1):
-        table.add_row(str(rank), escape(item["item_id"]), escape(item["title"]), f"{item['score']:.3f}")
+        table.add_row(str(rank), printable(item["item_id"]), printable(item["title"]), f"{item['score']:.3f}")
     c.print(table)
 
 

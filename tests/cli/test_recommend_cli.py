@@ -116,7 +116,7 @@ def test_bad_ids_strict_empty_history_and_bad_lines(trained, catalog):
     r = _run(trained, "recommend", "--history", f"{ids[0]},zz9", "--strict")
     assert r.exit_code == 2 and "--strict: 1 history item id(s) are not in the catalog: zz9" in r.output
     r = _run(trained, "recommend", "--history", f"{ids[0]},zz9", "--k", "3", "--json")
-    assert r.exit_code == 0 and _json(r)["skipped_ids"] == 1 and "skipped 1 history item id" in r.stderr
+    assert r.exit_code == 0 and _json(r)["skipped_ids"] == 1 and "skipped 1 distinct history item id" in r.stderr
     r = _run(trained, "recommend", "--history", "", "--k", "5", "--json")
     assert r.exit_code == 0 and len(_json(r)["recommendations"][0]["items"]) == 5
     r = _run(trained, "recommend", "--stdin", input='{"history": ["a"]}\nnot json\n[1]\n{"history": "i1"}\n')
@@ -128,6 +128,23 @@ def test_bad_ids_strict_empty_history_and_bad_lines(trained, catalog):
     assert r.exit_code == 2 and "at most one of --history, --stdin" in r.output
     assert not (trained / "recommend" / "step.json").exists() or json.loads(
         (trained / "recommend" / "step.json").read_text())["status"] == "done"
+
+
+def test_stdin_bytes_deep_lines_unknown_counts_and_control_codes(trained, catalog):
+    """Non-UTF-8 --stdin bytes were written back as invalid JSON; the warning counted occurrences; escape
+    sequences in titles reached the terminal raw."""
+    from gencli.cli.recommend_io import printable
+
+    ids, _ = catalog
+    raw = b'{"history": ["' + ids[0].encode() + b'", "\xff\xfe"]}\n'
+    r = CliRunner().invoke(cli, ["recommend", "--stdin", "--workdir", str(trained)], input=raw)
+    assert r.exit_code == 2 and "line 1" in r.output and "UTF-8" in r.output, r.output
+    deep = '{"history": ' + "[" * 50000 + "]" * 50000 + "}\n"
+    r = _run(trained, "recommend", "--stdin", input=deep)
+    assert r.exit_code == 2 and "line 1: nested too deeply" in r.output and "Traceback" not in r.output
+    r = _run(trained, "recommend", "--history", f"{ids[0]},zz9,zz9,zz9,qq1", "--k", "3", "--json")
+    assert r.exit_code == 0 and "skipped 2 distinct history item id(s) not in the catalog (4 occurrences)" in r.stderr
+    assert printable("A\x1b[31mred\x1b[0m [b]x[/b]") == "A\\x1b[31mred\\x1b[0m \\[b]x\\[/b]"
 
 
 def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catalog, tmp_path):

@@ -129,7 +129,11 @@ def follow_pointer(path: Path) -> Path:
     """A bundle folder, or a pointer file holding one's path (what ``gencli run --promote`` switches) -> the folder."""
     path = Path(path)
     if path.is_file():
-        target = path.read_text(encoding="utf-8").strip()
+        try:
+            target = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"pointer file {path} cannot be read as one UTF-8 bundle path ({exc}); point it at a "
+                             "bundle again with `gencli run --promote`") from None
         if not target or "\n" in target:
             raise InputError(f"{path} is neither a bundle folder nor a pointer file holding one bundle path")
         return Path(target)
