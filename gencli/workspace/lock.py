@@ -7,13 +7,14 @@ also names the holder so the second process can say who has it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import time
 from pathlib import Path
 
-from gencli.errors import LockedError
+from gencli.errors import InputError, LockedError
 
 LOCK_NAME = ".lock"
 
@@ -22,9 +23,20 @@ class WorkdirLock:
     def __init__(self, root: Path):
         self.path = root / LOCK_NAME
         self._fd: int | None = None
+        self.read_only = False
 
     def acquire(self, step: str) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock. On a workdir this account may read but not write (a read-only mount, another owner)
+        the lock is taken on a read-only descriptor, so an up-to-date step is still a no-op; ``read_only`` says
+        so, and whatever would write refuses (:meth:`Workspace.begin`)."""
+        self.read_only = False
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) or not self.path.exists():
+                raise InputError(f"workdir {self.path.parent} cannot be locked ({err.strerror}); make it writable "
+                                  "for this account or use another --workdir") from None
+            fd, self.read_only = os.open(self.path, os.O_RDONLY), True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -35,6 +47,9 @@ class WorkdirLock:
                 f"(pid {holder.get('pid', '?')}, step '{holder.get('step', '?')}', started {holder.get('started', '?')}); "
                 "wait for it to finish or use another --workdir"
             ) from None
+        self._fd = fd
+        if self.read_only:
+            return
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
         os.fsync(fd)
@@ -47,7 +62,8 @@ class WorkdirLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            if not self.read_only:
+                os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

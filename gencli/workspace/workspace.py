@@ -205,6 +205,9 @@ class Workspace:
             ):
                 run.up_to_date = True
                 return run
+            if self.lock.read_only:
+                raise InputError(f"workdir {self.root} is read-only for this account, and step '{name}' is not up "
+                                 "to date; make it writable or copy it and pass --workdir")
             run.resume = resume or (not force and resumable(name) and _same_attempt(run.out_dir, fingerprint))
             if run.out_dir.exists() and not run.resume:
                 shutil.rmtree(run.out_dir)

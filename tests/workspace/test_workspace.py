@@ -193,3 +193,55 @@ def test_cleanup_of_a_new_workdir_is_decided_under_the_lock(tmp_path):
     assert not Workspace(tmp_path / "b").remove_if_unused()  # another process holds the lock: hands off
     busy.abort(run, InputError("bad"))
     assert busy.remove_if_unused() and not (tmp_path / "b").exists()  # only a lock and empty staging: removed
+
+
+def test_a_read_only_workdir_serves_up_to_date_steps_and_refuses_writes(tmp_path_factory):
+    """Every step, even an up-to-date no-op, failed with an OSError on .lock. Run as another account (nobody)
+    when this one is root, for whom no mode is read-only."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="gencli-ro-"))
+    try:
+        os.chmod(root, 0o755)
+        ws = Workspace(root / "w")
+        _finish(ws, "ingest", {"a": 1})
+        for p in [root / "w", *(root / "w").rglob("*")]:
+            os.chmod(p, 0o555 if p.is_dir() else 0o444)
+        code = textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_workspace import _finish
+            from gencli.errors import InputError
+            from gencli.workspace import Workspace
+            assert _finish(Workspace({str(root / "w")!r}), "ingest", {{"a": 1}}).up_to_date
+            try:
+                _finish(Workspace({str(root / "w")!r}), "ingest", {{"a": 2}})
+            except InputError as e:
+                assert "read-only for this account, and step 'ingest' is not up to date" in str(e), e
+                print("refused")
+        """)
+        prefix = []
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                pytest.skip("root needs setpriv to run as another account")
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        import gencli
+
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(gencli.__file__).parents[1]),
+               "HOME": str(root)}
+        probe = subprocess.run([*prefix, sys.executable, "-c", "import gencli.workspace, test_workspace"],
+                               capture_output=True, timeout=120, env={**env, "PYTHONPATH": env["PYTHONPATH"] + os.pathsep
+                                                                      + str(Path(__file__).parent)}, cwd=root)
+        if probe.returncode != 0:
+            pytest.skip("the other account cannot run this interpreter or read the checkout")
+        done = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env=env, cwd=root)
+        assert done.returncode == 0 and done.stdout.strip() == "refused", done.stderr
+    finally:
+        for p in [root, *root.rglob("*")]:
+            if p.is_dir():
+                os.chmod(p, 0o755)
+        shutil.rmtree(root, ignore_errors=True)
