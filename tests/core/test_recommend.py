@@ -173,8 +173,18 @@ def test_bundle_errors_name_the_problem(good_bundle, tmp_path):
     garbled = tmp_path / "garbled"
     shutil.copytree(good_bundle, garbled)
     (garbled / "items.parquet").write_bytes(b"x" * len(data))
+    with pytest.raises(ArtifactError, match="items.parquet differs from what was exported"):
+        Recommender.load(garbled)
+    _edit_json(garbled, sha256={})  # a bundle of an earlier version: no digests, the reader still catches it
     with pytest.raises(ArtifactError, match="items.parquet is corrupt"):
         Recommender.load(garbled)
+    flipped = tmp_path / "flipped"
+    shutil.copytree(good_bundle, flipped)
+    weights = bytearray((flipped / "model" / "model.safetensors").read_bytes())
+    weights[-7] ^= 0x10  # one bit in the last tensor's data, same size
+    (flipped / "model" / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(ArtifactError, match="model/model.safetensors differs from what was exported"):
+        Recommender.load(flipped)
     no_model = tmp_path / "no_model"
     shutil.copytree(good_bundle, no_model)
     shutil.rmtree(no_model / "model")
@@ -275,3 +285,6 @@ def test_a_broken_model_is_an_error_never_an_empty_answer(parts):
     same = np.repeat(codes[:1], N_ITEMS, axis=0)
     with pytest.raises(ArtifactError, match="29 item\\(s\\) share their SID"):
         Recommender(tiny_qwen3(BASE + sum(LEVELS)), vocab, ids, titles, same)
+    far = SidVocab(vocab.token_ids, bos_id=10**9, eos_id=2, pad_id=0, base_vocab_size=BASE)
+    with pytest.raises(ArtifactError, match="bos_id 1000000000 is not a token of the model"):
+        Recommender(tiny_qwen3(BASE + sum(LEVELS)), far, ids, titles, codes)

@@ -72,8 +72,9 @@ def write_bundle(
             "sid": pl.Series(["".join(n) for n in names], dtype=pl.String),
             "codes": pl.Series(np.ascontiguousarray(codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
         }).write_parquet(staging / ITEMS)
-        files = {p.relative_to(staging).as_posix(): p.stat().st_size
-                 for p in sorted(staging.rglob("*")) if p.is_file()}
+        paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
+        files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
+        digests = {p.relative_to(staging).as_posix(): _sha256(p) for p in paths}
         manifest = {
             "format_version": FORMAT_VERSION,
             "gencli_version": __version__,
@@ -81,6 +82,7 @@ def write_bundle(
             "items": len(item_ids),
             **meta,
             "files": files,
+            "sha256": digests,  # checked on load: a bit flip at the same size is caught, not served
         }
         (staging / BUNDLE_JSON).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if out_dir.exists():
@@ -178,11 +180,27 @@ def read_manifest(path: Path) -> dict[str, Any]:
             problems.append(f"{name} is missing")
         elif p.stat().st_size != size:
             problems.append(f"{name} has {p.stat().st_size} bytes, {size} expected")
+    digests = meta.get("sha256", {})  # bundles of earlier versions have none
+    if not isinstance(digests, dict):
+        problems.append(f"{BUNDLE_JSON} field sha256 must map file names to digests")
+    elif not problems:
+        problems += [f"{name} differs from what was exported (sha256 mismatch: damaged or edited)"
+                     for name, digest in digests.items() if name in files and _sha256(path / name) != digest]
     if problems:
         raise _bad(path, "; ".join(problems[:5]))
     if not isinstance(meta.get("decode"), dict):
         raise _bad(path, f"{BUNDLE_JSON} lacks the 'decode' object")
     return meta
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _inside(root: Path, name: Any) -> bool:

@@ -94,6 +94,11 @@ class Recommender:
                 f"the model has {n_logits} tokens but the SID vocabulary uses ids up to {self.trie.vocab_bound - 1}; "
                 "the model and the SIDs come from different runs"
             )
+        special = {k: v for k, v in (("bos_id", vocab.bos_id), ("pad_id", vocab.pad_id)) if v is not None}
+        outside = {k: v for k, v in special.items() if not 0 <= v < n_logits}
+        if outside:
+            raise ArtifactError(f"sid_vocab.json's {', '.join(f'{k} {v}' for k, v in outside.items())} is not a "
+                                f"token of the model ({n_logits} tokens); the model and the SIDs come from different runs")
         self.max_history = max_history
         self.beams = beams
         self.batch_size = batch_size
