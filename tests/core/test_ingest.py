@@ -536,3 +536,27 @@ def test_progress_stages_and_stats_keys(tmp_path):
         "dropped_temporal_users",
         "dropped_unused_items",
     }
+
+
+def test_the_examples_of_docs_formats_md_are_read_as_it_says(tmp_path):
+    """Each timestamp example in docs/formats.md parses to its seconds since 1970 UTC; `007` and `7` stay two items."""
+    import datetime as dt
+    import re
+
+    doc = (SAMPLE.parent / "docs" / "formats.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| `timestamp` |"))
+    examples = re.findall(r"`(\d{4}-\d{2}-\d{2}[^`]*)`", row)
+    assert len(examples) >= 2, row
+    rows = [f"u1,{'abcdef'[n]},{text}" for n, text in enumerate(examples)] + ["u1,f,0"]  # 3 events a user
+    items, inter = log(tmp_path, rows, header="user_id,item_id,timestamp")
+    _, t = ingest(items, inter, tmp_path / "out")
+
+    def utc(text):
+        when = dt.datetime.fromisoformat(text)
+        return int((when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp())
+    assert sorted(t[artifacts.INTERACTIONS]["timestamp"].to_list()) == sorted([0, *(utc(e) for e in examples)])
+    assert "`007` and `7` are different items" in doc
+    ids = write(tmp_path / "ids.csv", "item_id,title\n007,Bond\n7,Seven\n")
+    _, ids_inter = log(tmp_path / "i", ["u1,007", "u1,7", "u1,007"])
+    _, t = ingest(ids, ids_inter, tmp_path / "out2")
+    assert sorted(t[artifacts.ITEMS]["item_id"].to_list()) == ["007", "7"]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
-from gencli.core.data.readers import LINE, Problems, RawTable, check_exists, iter_json_lines, records_frame, to_text
+from gencli.core.data.readers import LINE, Problems, RawTable, check_exists, iter_json_lines, records_frame
+from gencli.core.data.values import to_text
 
 AMAZON_REVIEW_FIELDS = {"user_id": "reviewerID", "item_id": "asin", "rating": "overall", "timestamp": "unixReviewTime"}
 

@@ -18,10 +18,15 @@ def csv_reader(text: str, sep: str, quote: str | None) -> Any:
 
 
 def record_start_lines(text: str, sep: str, quote: str | None, header: bool) -> list[int]:
+    """The line each record starts on (quoted newlines make records span lines); [] when csv cannot read it
+    (a lone CR inside a field): the caller then numbers records one per line, a best effort."""
     reader, starts, end = csv_reader(text, sep, quote), [], 0
-    for _ in reader:
-        starts.append(end + 1)
-        end = reader.line_num
+    try:
+        for _ in reader:
+            starts.append(end + 1)
+            end = reader.line_num
+    except csv.Error:
+        return []
     return starts[1:] if header else starts
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from gencli.core.data.csvlines import ragged_lines, record_start_lines, repeated_header_names
+from gencli.core.data.values import MAX_DEPTH, depth_at_most, to_text
 from gencli.errors import InputError
 
 LINE = "_line"  # where a record starts in its file, as a person counts
@@ -270,22 +271,7 @@ def _parse_object(line: str, python_literals: bool) -> dict | None:
             value = ast.literal_eval(line.strip())
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return None
-    return value if isinstance(value, dict) else None
-
-
-def to_text(value: Any) -> str | None:
-    """A JSON value as item text: lists joined with ', ', objects as JSON."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(t for t in (to_text(v) for v in value) if t)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return value if isinstance(value, dict) and depth_at_most(value, MAX_DEPTH) else None
 
 
 def records_frame(records: list[tuple[int, dict]]) -> pl.DataFrame:
