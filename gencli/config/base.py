@@ -62,6 +62,9 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+MAX_BEAMS = 4096  # one search's beams: past this, one prompt's beams alone outgrow memory on a large vocabulary
+
+
 class Checks:
     """Collects problems; raises once at the end."""
 

@@ -8,6 +8,7 @@ from gencli.config.base import (
     DEVICES,
     DTYPES,
     INIT_METHODS,
+    MAX_BEAMS,
     MODEL_STEP_CHOICES,
     PROJECTIONS,
     SAP_SCORES,
@@ -178,7 +179,8 @@ class TrainConfig:
         c.positive("eval-every", self.eval_every, allow_zero=True)
         c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
         c.positive("eval-users", self.eval_users, allow_zero=True)
-        c.require(self.eval_beams >= 5, f"--eval-beams must be >= 5 for validation Recall@5 (got {self.eval_beams})")
+        c.require(5 <= self.eval_beams <= MAX_BEAMS,
+                  f"--eval-beams must be in [5, {MAX_BEAMS}] for validation Recall@5 (got {self.eval_beams})")
         c.positive("patience", self.patience, allow_zero=True)
         c.positive("max-time", self.max_time, allow_zero=True)
         c.positive("save-every", self.save_every, allow_zero=True)

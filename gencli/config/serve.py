@@ -8,6 +8,7 @@ from gencli.config.base import (
     DEVICES,
     DTYPES,
     EVAL_SPLITS,
+    MAX_BEAMS,
     MODEL_STEP_CHOICES,
     Checks,
     device_option,
@@ -44,6 +45,7 @@ class EvalConfig:
         c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
         c.choice("split", self.split, EVAL_SPLITS)
         c.positive("beams", self.beams)
+        c.require(self.beams <= MAX_BEAMS, f"--beams must be <= {MAX_BEAMS} (got {self.beams})")
         c.require(len(self.k) > 0 and all(x > 0 for x in self.k), "--k must list positive cut-offs, e.g. 5,10,20")
         c.require(not self.k or max(self.k) <= self.beams, f"--k max ({max(self.k) if self.k else 0}) must be <= --beams ({self.beams})")
         c.positive("batch-size", self.batch_size)
@@ -100,6 +102,8 @@ class RecommendConfig:
         c.problems += self.stamp.problems(window_min=1)
         c.positive("k", self.k)
         c.positive("beams", self.beams, allow_zero=True)
+        c.require(self.beams <= MAX_BEAMS, f"--beams must be <= {MAX_BEAMS} (got {self.beams}); a --k above the "
+                                            "catalog's size is capped there")
         c.require(self.beams == 0 or self.beams >= self.k,
                   f"--beams ({self.beams}) must be >= --k ({self.k}) (or 0 = max(k, 20)): each beam ends as one item")
         c.positive("max-history", self.max_history, allow_zero=True)

@@ -122,6 +122,10 @@ def test_bad_ids_strict_empty_history_and_bad_lines(trained, catalog):
     r = _run(trained, "recommend", "--stdin", input='{"history": ["a"]}\nnot json\n[1]\n{"history": "i1"}\n')
     assert r.exit_code == 2
     assert "3 bad line(s)" in r.output and "line 2: not JSON" in r.output and "line 4" in r.output
+    r = _run(trained, "recommend", "--k", "1000000000", "--beams", "1000000000")  # grew to 22.8 GB before
+    assert r.exit_code == 2 and "--beams must be <= 4096" in r.output
+    r = _run(trained, "recommend", "--history", ids[0], "--k", "1000000000", "--json")  # capped by the catalog
+    assert r.exit_code == 0 and len(_json(r)["recommendations"][0]["items"]) == len(ids) - 1
     r = _run(trained, "recommend", "--k", "30", "--beams", "10")
     assert r.exit_code == 2 and "--beams (10) must be >= --k (30)" in r.output
     r = _run(trained, "recommend", "--history", ids[0], "--stdin")

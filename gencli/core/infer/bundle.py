@@ -298,7 +298,7 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
 
 def _decode_int(path: Path, decode: Any, key: str, default: int, low: int) -> int:
     """``decode[key]`` of gencli.json as an int in [low, MAX_BEAMS or the prompt bound], else an ArtifactError."""
-    from gencli.core.infer.recommend import MAX_BEAMS
+    from gencli.config.base import MAX_BEAMS
 
     if not isinstance(decode, dict):
         raise _bad(path, f"{BUNDLE_JSON} field decode must be an object")

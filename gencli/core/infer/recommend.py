@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gencli.config import StampConfig
+from gencli.config.base import MAX_BEAMS
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
@@ -30,7 +31,6 @@ from gencli.errors import ArtifactError, BrokenModelError, InputError
 
 DEFAULT_K = 10
 DEFAULT_BEAMS = 20  # eval's default: beams = max(k, 20) keeps recommend's list equal to eval's for k <= 20
-MAX_BEAMS = 4096  # beyond this one prompt's beams alone outgrow memory on a large vocabulary
 BEAM_ROWS = 1024  # prompts x beams decoded at once; wide searches get smaller batches (default 32 x 20 = 640)
 
 
