@@ -288,3 +288,10 @@ def test_a_broken_model_is_an_error_never_an_empty_answer(parts):
     far = SidVocab(vocab.token_ids, bos_id=10**9, eos_id=2, pad_id=0, base_vocab_size=BASE)
     with pytest.raises(ArtifactError, match="bos_id 1000000000 is not a token of the model"):
         Recommender(tiny_qwen3(BASE + sum(LEVELS)), far, ids, titles, codes)
+
+
+def test_a_pointer_file_that_is_not_utf8_is_bad_input(tmp_path):
+    pointer = tmp_path / "current"
+    pointer.write_bytes(b"\xff\xfe/srv/bundle\n")
+    with pytest.raises(InputError, match="pointer file .*current cannot be read as one UTF-8 bundle path"):
+        Recommender.load(pointer)
