@@ -3,12 +3,18 @@
 Per dataset one shared workdir runs ingest (+ embed + quantize for gencli). Its split is exported to RecBole
 atomic files that RecBole uses as they are (``benchmark_filename``; bench/recbole_runner.py); the rows
 RecBole's dataloaders present are checked against gencli's tables, and SASRec's full-item scores are ranked
-and scored here with gencli's own metric functions (no history masking, as in gencli eval). SASRec runs in
-a venv of its own (bench/.cache/venvs/recbole, created once), never in gencli's environment.
+and scored here with gencli's own metric functions. Every method is scored under both seen-item policies: seen
+items ranked like any other (gencli eval's default protocol) and seen items masked (what gencli recommend serves,
+``eval --exclude-seen``), with the cold cohort (cold-eval: targets seen at most once as a training target) beside
+the overall numbers. gencli rows are its ranking (the blend of model and content fitted on validation), the model
+alone and the content nearest-neighbour baseline over gencli's own embed vectors, all from gencli eval on the same
+users. SASRec runs in a venv of its own (bench/.cache/venvs/recbole, created once), never in gencli's
+environment.
 
     python bench/baselines.py --dataset sample,ml100k --seeds 0,1,2
     python bench/baselines.py --dataset sample --skip-gencli             # SASRec + popularity only
     python bench/baselines.py --skip-sasrec --sft "max-steps=2,batch-size=8" --inits centroid --seeds 0
+    python bench/baselines.py --dataset ml100k-all --seeds 0 --skip-sasrec  # ML-100k without the item 5-core
     python bench/baselines.py --table                                     # table of the cached runs
 
 gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
@@ -39,10 +45,12 @@ INITS = ("centroid", "random", "gti")
 # Non-sft settings of sample_data/pipeline.toml, used for every dataset.
 QUANTIZE = ["quantize", "--levels", "3", "--codes", "64", "--seed", "0"]
 EVAL = ["eval", "--beams", "20", "--k", ",".join(map(str, KS))]
+COLD_EVAL = ["cold-eval", "--max-train-count", "1", "--beams", "20", "--k", ",".join(map(str, KS))]
+POLICIES = {"seen ranked": "--include-seen", "seen masked": "--exclude-seen"}
 VENV = CACHE / "venvs" / "recbole"
 # what a gencli row keeps of sft's metrics: how far training went
 SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "train_time_s", "valid_time_s",
-            "samples", "targets", "batch_size", "valid_curve")
+            "samples", "targets", "batch_size", "valid_curve", "blend", "valid_blend")
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
 # Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
 VENV_PINS = [["torch==2.13.0"],
@@ -189,27 +197,60 @@ def run_sasrec(export_root: Path, name: str, seed: int, out: Path, epochs: int, 
     return json.loads(out.read_text(encoding="utf-8")), time.time() - t0
 
 
-def sasrec_row(dataset: str, seed: int, runner: dict, split: dict, wall: float) -> dict:
-    """Check the split RecBole presented, then score its test ranks with gencli's metrics."""
-    from gencli.core.infer.metrics import summarize
+def sasrec_row(dataset: str, seed: int, runner: dict, split: dict, wall: float) -> list[dict]:
+    """Check the split RecBole presented, then score its test ranks with gencli's metrics: seen items ranked, and
+    (from its top lists, with each user's whole history masked) seen items masked."""
+    import numpy as np
+
+    from gencli.core.infer.metrics import rank_of_target, summarize
 
     check = verify_presented(runner["presented"], split, runner["config"]["MAX_ITEM_LIST_LENGTH"])
     ranked = {(u, t) for u, t, _ in runner["test_ranks"]}
     if runner["items"] != split["n_items"] or ranked != {(str(u), str(t)) for u, _, t in split["test"]}:
         raise RuntimeError(f"SASRec ranked {len(ranked)} (user, target) pairs over {runner['items']} items; gencli "
                            f"has {len(split['test'])} test users and {split['n_items']} items")
-    ranks = [r for _, _, r in runner["test_ranks"]]
-    metrics = summarize(ranks, KS)["overall"]
-    return {"dataset": dataset, "method": "sasrec", "seed": seed, **{m: metrics[m] for m in METRICS},
-            "users": metrics["users"], "seconds": round(wall or runner["train_seconds"], 1),
-            "split_check": check, "recbole_test": runner["recbole_test"], "best_valid": runner["best_valid"],
-            "epochs_run": runner["epochs_run"], "best_epoch": runner.get("best_epoch"),
-            "from_checkpoint": runner.get("from_checkpoint"), "train_seconds": runner["train_seconds"],
-            "config": runner["config"]}
+    cold = cold_users(split)
+    by_user = {(str(u), str(t)): r for u, t, r in runner["test_ranks"]}
+    ranks = {"seen ranked": np.array([by_user[(str(u), str(t))] for u, _, t in split["test"]])}
+    if runner.get("test_top"):
+        tops = {(u, t): top for u, t, top in runner["test_top"]}
+        rows = []
+        for u, hist, t in split["test"]:
+            seen = set(map(str, hist))
+            rows.append([int(i) for i in tops[(str(u), str(t))] if i not in seen][: max(KS)])
+        rows = [r + [-1] * (max(KS) - len(r)) for r in rows]
+        ranks["seen masked"] = rank_of_target(np.array(rows), np.array([t for _, _, t in split["test"]]))
+    out = []
+    for policy, r in ranks.items():
+        metrics = summarize(r, KS)["overall"]
+        cold_m = summarize(r[cold], KS)["overall"] if cold.any() else None
+        out.append({"dataset": dataset, "method": "sasrec", "policy": policy, "seed": seed,
+                    **{m: metrics[m] for m in METRICS}, **_cold_fields(cold_m), "users": metrics["users"],
+                    "seconds": round(wall or runner["train_seconds"], 1),
+                    "split_check": check, "recbole_test": runner["recbole_test"], "best_valid": runner["best_valid"],
+                    "epochs_run": runner["epochs_run"], "best_epoch": runner.get("best_epoch"),
+                    "from_checkpoint": runner.get("from_checkpoint"), "train_seconds": runner["train_seconds"],
+                    "config": runner["config"]})
+    return out
+
+
+def cold_users(split: dict):
+    """Test users whose target is a training target at most once (gencli cold-eval --max-train-count 1)."""
+    import numpy as np
+
+    counts = np.bincount([i for s in split["train"] for i in s[1:]], minlength=split["n_items"])
+    return np.array([counts[t] <= 1 for _, _, t in split["test"]], dtype=bool)
+
+
+def _cold_fields(metrics: dict | None) -> dict:
+    if metrics is None:
+        return {"cold_users": 0}
+    return {"cold_recall@10": metrics["recall@10"], "cold_ndcg@10": metrics["ndcg@10"], "cold_users": metrics["users"]}
 
 
 def popularity_rows(dataset: str, split: dict) -> list[dict]:
-    """Popularity ranking, the same list for every test user, no masking; gencli eval's counts and all train events."""
+    """Popularity rankings, the same list for every test user (less the user's history when seen items are masked);
+    gencli eval's counts (training targets), and all training events."""
     import numpy as np
 
     from gencli.core.infer.metrics import popularity_ranks, summarize
@@ -218,16 +259,22 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
     seqs = split["train"]
     target_counts = np.bincount([i for s in seqs for i in s[1:]], minlength=n_items)  # tables.train_target_counts
     event_counts = np.bincount([i for s in seqs for i in s], minlength=n_items)
+    cold = cold_users(split)
     rows = []
     for method, counts in (("popularity", target_counts), ("popularity-all-train", event_counts)):
-        m = summarize(popularity_ranks(counts, targets, max(KS)), KS)["overall"]
-        rows.append({"dataset": dataset, "method": method, "seed": 0, **{k: m[k] for k in METRICS},
-                     "users": m["users"], "seconds": 0.0})
+        for policy in POLICIES:
+            banned = [list(h) for _, h, _ in split["test"]] if policy == "seen masked" else None
+            r = popularity_ranks(counts, targets, max(KS), banned)
+            m = summarize(r, KS)["overall"]
+            cold_m = summarize(r[cold], KS)["overall"] if cold.any() else None
+            rows.append({"dataset": dataset, "method": method, "policy": policy, "seed": 0,
+                         **{k: m[k] for k in METRICS}, **_cold_fields(cold_m), "users": m["users"], "seconds": 0.0})
     return rows
 
 
-def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict:
-    """init-vocab -> sft -> eval in a copy of the shared workdir; its test metrics and the exact commands."""
+def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> list[dict]:
+    """init-vocab -> sft -> eval and cold-eval under both seen-item policies in a copy of the shared workdir: rows of
+    gencli's ranking, the model alone and the content baseline (all from gencli eval), and the exact commands."""
     # variants may run side by side, each in its own workdir
     variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}".encode()).hexdigest()[:6]
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
@@ -236,22 +283,32 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
     shutil.copytree(shared, work)
     t = ["--threads", "1"]
     requantize = [[*t, *QUANTIZE, *options(args.quantize)]] if args.quantize else []
-    commands = [*requantize,
-                [*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
-                [*t, "sft", "--seed", str(seed), *options(args.sft)],
-                [*t, *EVAL, *options(args.eval)]]
+    train = [*requantize,
+             [*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
+             [*t, "sft", "--seed", str(seed), *options(args.sft)]]
+    evals = {policy: ([*t, *EVAL, flag, "--force", *options(args.eval)],
+                      [*t, *COLD_EVAL, flag, "--force", *options(args.eval)]) for policy, flag in POLICIES.items()}
     t0 = time.time()
-    out = [gencli(cmd, work)["metrics"] for cmd in commands]
-    ev = out[-1]["overall"]
-    if not args.keep_work:
-        shutil.rmtree(work)
+    trained = [gencli(cmd, work)["metrics"] for cmd in train]
+    seconds = round(time.time() - t0, 1)
     label = "".join(f"[{k} {v}]" for k, v in (("quantize", args.quantize), ("sft", args.sft), ("eval", args.eval))
                     if v)
-    return {"dataset": dataset, "method": f"gencli-{init}{label}", "seed": seed, **{m: ev[m] for m in METRICS},
-            "users": ev["users"], "seconds": round(time.time() - t0, 1),
-            "popularity_in_eval": out[-1].get("popularity_baseline"),
-            "sft": {k: out[-2].get(k) for k in SFT_KEYS},  # sft is the step before eval
-            "commands": [" ".join(["gencli", *c]) for c in commands]}
+    rows = []
+    for policy, (ev_cmd, cold_cmd) in evals.items():
+        ev, cold = gencli(ev_cmd, work)["metrics"], gencli(cold_cmd, work)["metrics"]
+        parts = (("", ev["overall"], cold["overall"]), (" model alone", ev["model_only"], cold["model_only"]),
+                 ("content", ev["content_baseline"], cold["content_baseline"]))
+        for suffix, overall, cold_m in parts:
+            method = "content nearest-neighbour (gencli embed)" if suffix == "content" else f"gencli-{init}{label}{suffix}"
+            rows.append({"dataset": dataset, "method": method, "policy": policy, "seed": seed,
+                         **{m: overall[m] for m in METRICS}, **_cold_fields(cold_m), "users": overall["users"],
+                         "seconds": seconds, "decode_users_per_s": ev.get("users_per_s"),
+                         "ranking": ev.get("ranking"), "popularity_in_eval": ev.get("popularity_baseline"),
+                         "sft": {k: trained[-1].get(k) for k in SFT_KEYS},
+                         "commands": [" ".join(["gencli", *c]) for c in (*train, ev_cmd, cold_cmd)]})
+    if not args.keep_work:
+        shutil.rmtree(work)
+    return rows
 
 
 def gencli_defaults() -> tuple[str, dict]:
@@ -268,7 +325,7 @@ def gencli_defaults() -> tuple[str, dict]:
 
 
 def check_popularity(row: dict, ours: dict) -> None:
-    """gencli eval reports the popularity ranking on its users; on all users it must equal ours (same definition)."""
+    """gencli eval reports the popularity ranking on its users and policy; on all users it must equal ours."""
     theirs = row.get("popularity_in_eval") or {}
     if theirs.get("users") == ours["users"]:
         diff = {m: (theirs[m], ours[m]) for m in METRICS if m in theirs and abs(theirs[m] - ours[m]) > 1e-9}
@@ -288,21 +345,27 @@ def save_runs(out: Path, results: dict, rows: dict[str, dict]) -> None:
 
 
 def summarise(rows: list[dict]) -> list[str]:
-    """Markdown table: mean ± std over seeds per (dataset, split digest, method), and the mean wall time of a run."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    """Markdown table: mean ± std over seeds per (dataset, split digest, seen-item policy, method), the cold
+    cohort's Recall@10 and the mean wall time of a run."""
+    groups: dict[tuple[str, str, str, str], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["dataset"], r.get("split", ""), r["method"]), []).append(r)
-    lines = ["| dataset | split | method | seeds | users | " + " | ".join(METRICS) + " | s/run |",
-             "|" + "---|" * (len(METRICS) + 6)]
-    for (ds, split, method), rs in sorted(groups.items()):
+        groups.setdefault((r["dataset"], r.get("split", ""), r.get("policy", "seen ranked"), r["method"]),
+                          []).append(r)
+    cols = [*METRICS, "cold_recall@10"]
+    lines = ["| dataset | split | policy | method | seeds | users | " + " | ".join(cols) + " | cold users | s/run |",
+             "|" + "---|" * (len(cols) + 8)]
+    for (ds, split, policy, method), rs in sorted(groups.items()):
         cells = []
-        for m in METRICS:
-            vals = [float(r[m]) for r in rs]
+        for m in cols:
+            vals = [float(r[m]) for r in rs if r.get(m) is not None]
+            if not vals:
+                cells.append("-")
+                continue
             sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
             cells.append(f"{statistics.fmean(vals):.4f}" + (f" ± {sd:.4f}" if len(vals) > 1 else ""))
         secs = statistics.fmean(float(r["seconds"]) for r in rs)
-        lines.append(f"| {ds} | {split[:6]} | {method} | {len(rs)} | {rs[0]['users']} | " + " | ".join(cells)
-                     + f" | {secs:.0f} |")
+        lines.append(f"| {ds} | {split[:6]} | {policy} | {method} | {len(rs)} | {rs[0]['users']} | "
+                     + " | ".join(cells) + f" | {rs[0].get('cold_users', '-')} | {secs:.0f} |")
     return lines
 
 
@@ -317,10 +380,13 @@ def sasrec_seeds(args: argparse.Namespace, dataset: str, split: dict, digest: st
         out = export_root / f"sasrec-e{args.sasrec_epochs}-s{seed}.json"
         runner, wall = run_sasrec(export_root, f"gencli_{dataset}", seed, out, args.sasrec_epochs,
                                   args.torch_index_url)
-        row = {**sasrec_row(dataset, seed, runner, split, wall), "split": digest, "method": label}
-        save_runs(args.out, results, {key: row})
-        print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s, "
-              f"{row['epochs_run']} epochs); split check: {row['split_check']['users']} users identical", flush=True)
+        rows = {f"{key}/{r['policy']}": {**r, "split": digest, "method": label}
+                for r in sasrec_row(dataset, seed, runner, split, wall)}
+        save_runs(args.out, results, rows)
+        for k, row in rows.items():
+            print(f"{k}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s, "
+                  f"{row['epochs_run']} epochs); split check: {row['split_check']['users']} users identical",
+                  flush=True)
 
 
 def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest: str, shared: Path,
@@ -333,14 +399,20 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
         for init in args.inits.split(","):
             q = f"quantize[{args.quantize}]/" if args.quantize else ""
             key = f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/{q}sft[{args.sft}]/eval[{args.eval}]/seed{seed}"
-            if key in results["runs"]:
+            if any(k.startswith(f"{key}/") for k in results["runs"]):
                 continue
-            row = {**gencli_row(args, dataset, shared, init, seed), "split": digest,
-                   "gencli_defaults": defaults_digest, "train_config_defaults": defaults["TrainConfig"]}
-            row["method"] += f" (defaults {defaults_digest})"
-            check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity"])
-            save_runs(args.out, results, {key: row})
-            print(f"{key}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} ({row['seconds']}s)", flush=True)
+            rows = {}
+            for row in gencli_row(args, dataset, shared, init, seed):
+                row.update(split=digest, gencli_defaults=defaults_digest,
+                           train_config_defaults=defaults["TrainConfig"])
+                if row["method"].startswith("gencli"):
+                    row["method"] += f" (defaults {defaults_digest})"
+                    check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity/{row['policy']}"])
+                rows[f"{key}/{row['method'].split(' (defaults')[0]}/{row['policy']}"] = row
+            save_runs(args.out, results, rows)
+            for k, row in rows.items():
+                print(f"{k}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} cold R@10 "
+                      f"{row.get('cold_recall@10', 0):.4f} ({row['seconds']}s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -362,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         export_root, digest = export_split(split, args.workroot / dataset, f"gencli_{dataset}")
         print(f"[{dataset}] split {digest}: {len(split['test'])} users, {split['n_items']} items -> {export_root}",
               flush=True)
-        save_runs(args.out, results, {f"{dataset}/{digest}/{row['method']}": {**row, "split": digest}
+        save_runs(args.out, results, {f"{dataset}/{digest}/{row['method']}/{row['policy']}": {**row, "split": digest}
                                       for row in popularity_rows(dataset, split)})
         if not args.skip_sasrec:
             sasrec_seeds(args, dataset, split, digest, export_root, seeds, results)

@@ -21,7 +21,7 @@ CACHE = Path(os.environ.get("GENCLI_BENCH_CACHE") or REPO / "bench" / ".cache")
 SAMPLE = REPO / "sample_data"
 RECBOLE_WHEEL = "recbole==1.2.1"
 ML100K_IN_WHEEL = "recbole/dataset_example/ml-100k/"
-DATASETS = ("sample", "ml100k")
+DATASETS = ("sample", "ml100k", "ml100k-all")  # ml100k-all: no item 5-core, so rare items (a cold cohort) stay
 
 
 def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
@@ -61,6 +61,8 @@ def ingest_args(dataset: str) -> list[str]:
         return ["ingest", "--items", str(SAMPLE / "items.csv"), "--interactions", str(SAMPLE / "interactions.csv")]
     if dataset == "ml100k":
         return ["ingest", "--format", "movielens", "--items", str(ml100k_folder())]
+    if dataset == "ml100k-all":
+        return ["ingest", "--format", "movielens", "--items", str(ml100k_folder()), "--item-core", "0"]
     raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
 
 

@@ -11,6 +11,8 @@ The JSON written to --out holds what the caller needs to check and score the run
   (user, history, target, mapped back to our tokens) and a digest of the training rows;
 - ``test_ranks``: the 1-based rank of each test target among ALL items by the best model's scores
   (no history masking, ties broken towards the lower token), from which the caller computes Recall/NDCG;
+- ``test_top``: per test row [user, target, the TOP_ITEMS best item tokens in that order], from which the caller
+  ranks with the user's whole history masked (gencli recommend's policy; SASRec itself sees the last 50 items);
 - ``recbole_test``: RecBole's own test metrics, for a sanity check only.
 This file imports only RecBole, torch and the standard library (the venv has no gencli).
 """
@@ -79,9 +81,13 @@ def train_digest(dataset) -> tuple[str, int]:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest(), len(lines)
 
 
+TOP_ITEMS = 1000  # items of each test row's ranking kept for the caller's seen-masked ranks
+
+
 @torch.no_grad()
-def test_ranks(model, loader, dataset) -> list[list]:
-    """[user, target, rank] per test row: 1 + items scoring higher (+ equal items with a lower token id)."""
+def test_ranks(model, loader, dataset, tops: list | None = None) -> list[list]:
+    """[user, target, rank] per test row: 1 + items scoring higher (+ equal items with a lower token id); ``tops``
+    receives [user, target, best TOP_ITEMS tokens] per row."""
     model.eval()
     uid, iid = dataset.uid_field, dataset.iid_field
     tokens = dataset.field2id_token[iid]
@@ -100,6 +106,13 @@ def test_ranks(model, loader, dataset) -> list[list]:
         users = dataset.id2token(uid, inter[uid].numpy())
         for u, t, r in zip(users, target.tolist(), ranks, strict=True):
             out.append([str(u), str(tokens[t]), int(r)])
+        if tops is not None:
+            # score descending, ties by our token ascending: sort by token first, then stably by score
+            by_token = torch.argsort(order_key, stable=True)
+            ordered = by_token[torch.argsort(scores[:, by_token], dim=1, descending=True, stable=True)]
+            best = ordered[:, :TOP_ITEMS]
+            for u, t, row in zip(users, target.tolist(), best.tolist(), strict=True):
+                tops.append([str(u), str(tokens[t]), [str(tokens[i]) for i in row if i != 0]])
     return out
 
 
@@ -154,6 +167,7 @@ def main() -> None:
     train_s = time.time() - t0
     recbole_test = trainer.evaluate(test_data, load_best_model=True, model_file=model_file, show_progress=False)
     digest, n_train = train_digest(train_data._dataset)
+    tops: list = []
     result = {
         "seed": args.seed, "train_seconds": round(train_s, 1), "best_valid_score": float(best_score),
         "best_valid": {k: float(v) for k, v in best_valid.items()},
@@ -167,7 +181,8 @@ def main() -> None:
                                           "attn_dropout_prob", "eval_step")},
         "presented": {"valid": rows_of(valid_data, valid_data._dataset), "test": rows_of(test_data, test_data._dataset),
                       "train_digest": digest, "train_rows": n_train},
-        "test_ranks": test_ranks(trainer.model, test_data, test_data._dataset),
+        "test_ranks": test_ranks(trainer.model, test_data, test_data._dataset, tops),
+        "test_top": tops,
     }
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result), encoding="utf-8")

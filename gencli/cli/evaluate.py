@@ -30,10 +30,10 @@ def _run(step: str, cold: int, workdir, json_mode, force, **options):
         return model_upstream(ws, cfg.model_step, step, chosen)
 
     def body(run, ws, progress):
-        from gencli.cli.inputs import item_codes, model_artifacts, trained_history
+        from gencli.cli.inputs import item_codes, model_artifacts, ranker, trained_history
         from gencli.core.data import tables
         from gencli.core.infer import evaluate
-        from gencli.core.lm.prompt import load_sid_vocab
+        from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 
         ingest_dir = ws.input_dir("ingest", step)
         items = tables.load_items(ingest_dir)
@@ -45,10 +45,12 @@ def _run(step: str, cold: int, workdir, json_mode, force, **options):
         model_dir, vocab_path = model_artifacts(ws, chosen["step"], step)
         codes, _ = item_codes(ws, step)
         max_history = cfg.max_history or trained_history(ws, chosen["step"])
-        metrics = evaluate.run(dataclasses.replace(cfg, max_history=max_history), model_dir, load_sid_vocab(vocab_path), codes,
+        vocab = load_sid_vocab(vocab_path)
+        rank_with = ranker(ws, chosen["step"], step, cfg.ranking, item_token_ids(codes, vocab))
+        metrics = evaluate.run(dataclasses.replace(cfg, max_history=max_history), model_dir, vocab, codes,
                                items["item_id"].to_list(), split_df,
                                tables.popularity_buckets(counts), cohort, run.out_dir, progress,
-                               train_counts=counts)
+                               train_counts=counts, ranker=rank_with)
         blocks = metrics.pop("metrics")  # overall/head/torso/tail at the top level: status and run show them
         return {"model_step": chosen["step"], "max_history": max_history, **metrics, **blocks}
 

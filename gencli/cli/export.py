@@ -98,11 +98,23 @@ def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: b
             record = ws.step_record(name)
             if name == step or record["metrics"].get("model_step") == step:  # only scores of this very model
                 metrics[name] = record["metrics"]
+    from gencli.core import artifacts
+    from gencli.core.sid import embed
+
+    vectors = embed.load_embeddings(ws.input_dir("embed", "export"))
+    blend_file = ws.input_dir(step, "export") / artifacts.BLEND
+    ranking = {"blends": None}  # no fitted blend (a cpt or init-vocab model): the model alone, content beside it
+    if blend_file.is_file():
+        import json
+
+        record = json.loads(blend_file.read_text(encoding="utf-8"))
+        ranking = {"blends": record.get("blends"), "fit": record.get("fit")}
     meta = {
         "source": {"model_step": step, "steps": digests, "workdir": str(ws.root.resolve())},
         "metrics": metrics,
         "decode": {"max_history": max_history or trained_history(ws, step), "k": DEFAULT_K, "beams": DEFAULT_BEAMS,
                    "exclude_seen": True},
+        "ranking": ranking,
     }
     return write_bundle(out_dir, model_dir, vocab_path, items["item_id"].cast(pl.String).to_list(),
-                        items["title"].cast(pl.String).to_list(), codes, meta, force=force)
+                        items["title"].cast(pl.String).to_list(), codes, meta, force=force, embeddings=vectors)

@@ -94,3 +94,28 @@ def previous_vectors(path: str, needed_by: str):
     texts = tables.item_text(items, record["params"]["template"])
     params = {**record["params"], "model_dim": record["metrics"].get("model_dim", 0)}
     return PreviousVectors(texts, embed.load_embeddings(folder, mmap=True), params, prev.root)
+
+
+def ranker(ws, model_step: str, needed_by: str, ranking: str, item_tokens):
+    """The content scorer over the embed step's vectors and, with ``ranking`` auto, the blends the model step fitted
+    (sft's blend.json; none: the model alone)."""
+    import json
+
+    from gencli.core import artifacts
+    from gencli.core.infer.blend import Ranker, first_groups, read_blends
+    from gencli.core.infer.content import ContentScorer
+    from gencli.core.sid import embed
+    from gencli.errors import ArtifactError
+
+    vectors = embed.load_embeddings(ws.input_dir("embed", needed_by))
+    if vectors.shape[0] != len(item_tokens):
+        raise ArtifactError(f"embed has vectors for {vectors.shape[0]} items but quantize has SIDs for "
+                            f"{len(item_tokens)}; rerun `gencli embed` and `gencli quantize`")
+    blends = None
+    path = ws.input_dir(model_step, needed_by) / artifacts.BLEND
+    if ranking == "auto" and path.is_file():
+        try:
+            blends = read_blends(json.loads(path.read_text(encoding="utf-8")).get("blends"), str(path))
+        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path} is damaged ({exc}); rerun `gencli {model_step} --force`") from None
+    return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends)

@@ -64,8 +64,9 @@ def _previous(folder: Path):
     previous = store.load_codebooks(folder)
     record = folder / STEP_JSON  # a bare quantize folder has none: text-only, unless the dims disagree (exit 2)
     params = read_json(record, "step record").get("params", {}) if record.is_file() else {}
-    collab_dim = int(params.get("collab_dim", 0)) if float(params.get("collab", 0) or 0) > 0 else 0
-    return dataclasses.replace(previous, collab_dim=collab_dim)
+    weight = float(params.get("collab", 0) or 0)
+    collab_dim = int(params.get("collab_dim", 0)) if weight > 0 else 0
+    return dataclasses.replace(previous, collab_dim=collab_dim, collab_weight=weight if collab_dim else 0.0)
 
 
 def _quantize_dir(path: Path) -> Path:

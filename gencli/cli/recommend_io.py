@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,22 +19,24 @@ MAX_LISTED = 10
 
 def workdir_recommender(ws, cfg, model_step: str):
     """A Recommender over the workdir's model step, quantize SIDs and ingest items (titles)."""
-    from gencli.cli.inputs import item_codes, model_artifacts, trained_history
+    from gencli.cli.inputs import item_codes, model_artifacts, ranker, trained_history
     from gencli.core.data import tables
     from gencli.core.device import resolve_device, resolve_dtype
     from gencli.core.infer.recommend import Recommender
     from gencli.core.lm.backbone import load_model
-    from gencli.core.lm.prompt import load_sid_vocab
+    from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 
     model_dir, vocab_path = model_artifacts(ws, model_step, "recommend")
     codes, _ = item_codes(ws, "recommend")
     items = tables.load_items(ws.input_dir("ingest", "recommend"))
     device = resolve_device(cfg.device)
     model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device))
-    return Recommender(model, load_sid_vocab(vocab_path), items["item_id"].cast(pl.String).to_list(),
+    vocab = load_sid_vocab(vocab_path)
+    return Recommender(model, vocab, items["item_id"].cast(pl.String).to_list(),
                        items["title"].cast(pl.String).to_list(), codes,
                        max_history=cfg.max_history or trained_history(ws, model_step), beams=cfg.beams,
-                       batch_size=cfg.batch_size)
+                       batch_size=cfg.batch_size,
+                       ranker=ranker(ws, model_step, "recommend", cfg.ranking, item_token_ids(codes, vocab)))
 
 
 def workdir_histories(ws) -> tuple[list[str], list[list[int]]]:
@@ -158,6 +161,8 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
 
         rec = Recommender.load(bundle, cfg.device, cfg.dtype)
         rec.batch_size = cfg.batch_size
+        if cfg.ranking == "model" and rec.ranker is not None:
+            rec.ranker = dataclasses.replace(rec.ranker, blends=None)
         if cfg.max_history:
             rec.max_history = cfg.max_history
         by_user = {}

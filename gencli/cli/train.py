@@ -78,13 +78,16 @@ def sft(workdir, json_mode, force, resume, **options):
     def body(run, ws, progress):
         from gencli.cli.inputs import item_codes, model_artifacts
         from gencli.core.data import tables
+        from gencli.core.sid import embed
         from gencli.core.train import sft as core
 
         model_dir, vocab_path = model_artifacts(ws, chosen["step"], "sft")
         ingest_dir = ws.input_dir("ingest", "sft")
         codes, _ = item_codes(ws, "sft")
+        vectors = embed.load_embeddings(ws.input_dir("embed", "sft"))
         metrics = core.run(cfg, model_dir, vocab_path, codes, tables.load_split(ingest_dir, "train"),
-                           tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=run.resume)
+                           tables.load_split(ingest_dir, "valid"), run.out_dir, progress, resume=run.resume,
+                           embeddings=vectors)
         return {"started_from": chosen["step"], **metrics}
 
     metrics = execute(step="sft", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream,

@@ -96,6 +96,7 @@ KMEANS_MODES = ("auto", "full", "minibatch")  # quantize --kmeans
 MINIBATCH_ABOVE_ROWS = 100_000  # --kmeans auto: mini-batch k-means above this many items
 
 
+COLD_COLLAB = ("text", "zero")  # quantize --cold-collab: how an item without co-consumption gets its collab part
 COLLAB = 0.5  # quantize: share of co-consumption in the clustered vectors (research/collab/NOTES.md)
 
 
@@ -124,6 +125,10 @@ class QuantizeConfig:
                                    "--codebooks-from, the codebooks' own setting applies and new items are placed by "
                                    "their text.")
     collab_dim: int = option(64, "--collab: dimensions of the collaborative vectors.")
+    cold_collab: str = option("text", "--collab: the collaborative part of an item no training sequence pairs with "
+                                      "another (new or never co-consumed): text = estimated from its 10 nearest "
+                                      "items by text, so it shares their SID prefix; zero = none (placed apart).",
+                              choices=COLD_COLLAB)
     device: str = device_option()
     codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
                                      "retraining).")
@@ -139,6 +144,7 @@ class QuantizeConfig:
         c.positive("minibatch-steps", self.minibatch_steps)
         c.require(0 <= self.collab < 1, f"--collab must be in [0, 1) (got {self.collab!r})")
         c.positive("collab-dim", self.collab_dim)
+        c.choice("cold-collab", self.cold_collab, COLD_COLLAB)
         c.choice("device", self.device, DEVICES)
         c.done()
 

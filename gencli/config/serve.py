@@ -18,6 +18,8 @@ from gencli.config.base import (
 )
 from gencli.config.model import SFT_MAX_HISTORY, StampConfig
 
+RANKINGS = ("auto", "model")  # the fitted blend of model and content, or the generative model alone
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -25,6 +27,12 @@ class EvalConfig:
 
     model_step: str = model_step_option("Whose model to evaluate (auto = the most trained finished step).")
     split: str = option("test", "Which split's targets to predict.", choices=EVAL_SPLITS)
+    exclude_seen: bool = option(False, "Mask each user's history inside the decoder, as recommend serves (default: "
+                                       "seen items are ranked like any other, the usual protocol); the baselines "
+                                       "follow the same policy.", option="--exclude-seen/--include-seen")
+    ranking: str = option("auto", "auto = the blend of model and content sft fitted on validation (the model alone "
+                                  "when the model step has none); model = the generative model alone.",
+                          choices=RANKINGS)
     beams: int = option(20, "Beam width of the constrained search.")
     k: tuple[int, ...] = option((5, 10, 20), "Cut-offs for Recall@K and NDCG@K (max <= --beams).")
     batch_size: int = option(32, "Users decoded together.")
@@ -44,6 +52,7 @@ class EvalConfig:
         c.problems += self.stamp.problems(window_min=1)
         c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
         c.choice("split", self.split, EVAL_SPLITS)
+        c.choice("ranking", self.ranking, RANKINGS)
         c.positive("beams", self.beams)
         c.require(self.beams <= MAX_BEAMS, f"--beams must be <= {MAX_BEAMS} (got {self.beams})")
         c.require(len(self.k) > 0 and all(x > 0 for x in self.k), "--k must list positive cut-offs, e.g. 5,10,20")
@@ -90,6 +99,8 @@ class RecommendConfig:
     max_history: int = option(0, "History items in the prompt, the last ones (0 = as in sft training, else "
                                  f"{SFT_MAX_HISTORY}; a bundle: as exported).")
     model_step: str = model_step_option("Whose model (auto = the most trained finished step).")
+    ranking: str = option("auto", "auto = the blend of model and content sft fitted on validation (a bundle: as "
+                                  "exported); model = the generative model alone.", choices=RANKINGS)
     strict: bool = option(False, "Unknown item ids in a given history are an error (exit 2), not skipped with a "
                                  "warning.")
     batch_size: int = option(32, "Users decoded together.")
@@ -108,6 +119,7 @@ class RecommendConfig:
                   f"--beams ({self.beams}) must be >= --k ({self.k}) (or 0 = max(k, 20)): each beam ends as one item")
         c.positive("max-history", self.max_history, allow_zero=True)
         c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
+        c.choice("ranking", self.ranking, RANKINGS)
         c.positive("batch-size", self.batch_size)
         c.choice("device", self.device, DEVICES)
         c.choice("dtype", self.dtype, DTYPES)

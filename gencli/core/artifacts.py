@@ -23,6 +23,7 @@ TOKEN_MAP = "token_map.json"  # {"levels": [K_0, .., K_{L-1}, K_dedup], "tokens"
 
 # init-vocab/, cpt/, sft/
 MODEL_DIR = "model"  # plain HF folder (model + tokenizer); from_pretrained works without gencli
+BLEND = "blend.json"  # sft: {"exclude_seen": blend, "include_seen": blend, "fit": {...}} (core/infer/blend.py)
 SID_VOCAB = "sid_vocab.json"  # {"token_ids": [[id of <sid_l_k> for k] for l incl. dedup], "bos_id": int|null,
 #                               "eos_id": int|null, "pad_id": int, "base_vocab_size": int}
 BASE_MODEL_DIR = "base"  # init-vocab/base: the tiny preset built from the catalog text (absent for other backbones)

@@ -18,14 +18,25 @@ def test_baselines_runs_popularity_and_one_gencli_variant(embedded_workdir, tmp_
             "--sft", "max-steps=2,batch-size=8,max-history=5,eval-users=10,eval-beams=5", "--eval", "max-users=20"]
     proc = run_bench(*args, env={"GENCLI_BENCH_CACHE": str(tmp_path)})
     results = json.loads((tmp_path / "baselines" / "results.json").read_text())["runs"]
-    methods = sorted(r["method"] for r in results.values())
-    assert methods[0].startswith("gencli-centroid[sft max-steps=2") and methods[1:] == [
-        "popularity", "popularity-all-train"]
+    # every method under both seen-item policies: gencli's ranking, the model alone, the content baseline, popularity
+    by_policy = {}
+    for r in results.values():
+        by_policy.setdefault(r["policy"], []).append(r["method"].split(" (defaults")[0])
+    assert set(by_policy) == {"seen ranked", "seen masked"}
+    for methods in by_policy.values():
+        methods.sort()
+        assert methods[0] == "content nearest-neighbour (gencli embed)"
+        assert methods[1].startswith("gencli-centroid[sft max-steps=2") and not methods[1].endswith("model alone")
+        assert methods[2].endswith("model alone") and methods[3:] == ["popularity", "popularity-all-train"]
     gencli_row = next(r for r in results.values() if r["method"].startswith("gencli"))
-    assert gencli_row["users"] == 20 and 0 <= gencli_row["recall@10"] <= 1
+    assert gencli_row["users"] == 20 and 0 <= gencli_row["recall@10"] <= 1 and "cold_users" in gencli_row
     assert "gencli --threads 1 sft --seed 0 --max-steps 2" in " ".join(gencli_row["commands"])
-    pop = results[next(k for k in results if k.endswith("/popularity"))]
+    assert "--exclude-seen" in " ".join(next(r for r in results.values() if r["policy"] == "seen masked"
+                                             and r["method"].startswith("gencli"))["commands"])
+    pop = results[next(k for k in results if k.endswith("/popularity/seen ranked"))]
     assert pop["users"] == 800 and pop["recall@5"] <= pop["recall@10"] <= pop["recall@20"]
+    masked = results[next(k for k in results if k.endswith("/popularity/seen masked"))]
+    assert masked["users"] == 800 and masked["cold_users"] == pop["cold_users"] > 0
     # The RecBole files: one train row per train target, one valid and one test row per user.
     (export,) = (tmp_path / "baselines" / "sample").glob("split-*/gencli_sample")
     rows = {k: len((export / f"gencli_sample.{k}.inter").read_text().splitlines()) - 1 for k in ("valid", "test")}

@@ -166,3 +166,15 @@ def test_recommend_compares_with_eval(embedded_workdir, tmp_path):
                      "--calls", "2", env={"GENCLI_BENCH_CACHE": str(tmp_path)})
     assert (tmp_path / "recommend-sample.json").is_file()
     assert "Recommender.recommend(k=5)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_blend_cost_reports_both_rankings_side_by_side(tiny_workdir, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(tiny_workdir, work)
+    proc = run_bench("bench/blend_cost.py", "--workdir", str(work), "--repeats", "1",
+                     env={"GENCLI_BENCH_CACHE": str(tmp_path / "cache")})
+    rows = json.loads((tmp_path / "cache" / "blend_cost" / "result.json").read_text())["rows"]
+    assert [r["policy"] for r in rows] == ["--include-seen", "--exclude-seen"]
+    assert all(r["users_per_s_blend"] > 0 and r["users_per_s_model"] > 0 for r in rows)
+    assert "model alone" in proc.stdout

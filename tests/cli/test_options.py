@@ -51,7 +51,7 @@ def test_quantize_defaults_and_levels():
     assert {k: v for k, v in params.items() if k in {f.name for f in dataclasses.fields(QuantizeConfig)}} == {
         "codes": (256,), "max_iter": 50, "seed": 0, "batch_size": 65536, "kmeans": "auto", "minibatch_size": 4096,
         "minibatch_steps": 300, "device": "auto", "codebooks_from": None, "collab": QuantizeConfig().collab,
-        "collab_dim": 64}
+        "collab_dim": 64, "cold_collab": "text"}
 
 
 def test_types_choices_and_flags_come_from_the_fields():

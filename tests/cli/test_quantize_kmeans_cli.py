@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from gencli.cli import cli
 from gencli.core.data import tables
 from gencli.core.sid import quantize, store
-from gencli.core.sid.collab import blend, collab_vectors
+from gencli.core.sid.collab import blend, collab_vectors, from_text_neighbours
 from gencli.errors import EXIT_BAD_INPUT
 
 
@@ -36,7 +36,8 @@ def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(embedde
     # quantized: the text embedding blended with the train split's collaborative vectors (default --collab)
     train = tables.load_split(wd / "ingest", "train")["sequence"].to_list()
     text = np.load(wd / "embed" / "embeddings.npy")
-    x = blend(text, collab_vectors(train, len(text), params["collab_dim"], params["seed"]), params["collab"])
+    collab, _ = from_text_neighbours(collab_vectors(train, len(text), params["collab_dim"], params["seed"]), text)
+    x = blend(text, collab, params["collab"])  # items in no training pair get their text neighbours' part
     codes = store.load_item_codes(wd / "quantize")
     assert np.array_equal(quantize.assign(x, store.load_codebook_list(wd / "quantize")).numpy(), codes[:, :2])
     # auto on the 891 sample items is full mode

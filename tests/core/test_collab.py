@@ -107,3 +107,56 @@ def test_codebooks_from_with_collab_places_new_items_by_text_and_checks_the_dim(
 def test_collab_options_are_checked(field, value):
     with pytest.raises(ConfigError, match=field.replace("_", "-")):
         QuantizeConfig(**{field: value})
+
+
+def test_an_item_without_co_consumption_gets_its_text_neighbours_collab_part():
+    from gencli.core.sid.collab import from_text_neighbours
+
+    text = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.8, 0.6]], dtype=np.float32)  # item 3 lies between items 0 and 1
+    collab = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0]], dtype=np.float32)
+    out, estimated = from_text_neighbours(collab, text, m=2)
+    assert estimated == 1
+    np.testing.assert_array_equal(out[:3], collab[:3])  # co-consumed items keep theirs
+    w0, w1 = 0.8 + 1e-6, 0.96 + 1e-6  # cosine of item 3 with items 0 and 1, its 2 nearest by text
+    expected = np.array([w0, w1, 0]) / math.hypot(w0, w1)
+    np.testing.assert_allclose(out[3], expected, rtol=1e-5)
+    assert from_text_neighbours(np.zeros((3, 2), np.float32), text[:3])[1] == 0  # nobody to borrow from
+
+
+def test_quantize_reports_the_items_placed_by_their_text_neighbours(tmp_path):
+    rng = np.random.default_rng(1)
+    text = rng.normal(size=(9, 16)).astype(np.float32)
+    ids = [f"i{k}" for k in range(9)]
+    on = q.run(QuantizeConfig(codes=(2, 2), collab=0.5, collab_dim=4, device="cpu"), text, ids, tmp_path / "on",
+               sequences=two_groups())
+    off = q.run(QuantizeConfig(codes=(2, 2), collab=0.5, collab_dim=4, cold_collab="zero", device="cpu"), text, ids,
+                tmp_path / "off", sequences=two_groups())
+    assert on["collab_from_text"] == 1 and "collab_from_text" not in off  # item 8 is in no sequence
+
+
+def test_codebooks_from_places_a_new_item_with_its_text_neighbours_collab_part(tmp_path):
+    rng = np.random.default_rng(3)
+    text = rng.normal(size=(9, 8)).astype(np.float32)
+    cfg = QuantizeConfig(codes=(2, 2), collab=0.9, collab_dim=4, device="cpu")
+    q.run(cfg, text, [f"i{k}" for k in range(9)], tmp_path / "old", sequences=two_groups())
+    previous = dataclasses.replace(store.load_codebooks(tmp_path / "old"), collab_dim=4, collab_weight=0.9)
+    ids = [*(f"i{k}" for k in range(9)), "new"]
+    more = np.concatenate([text, text[:1] + 0.01])  # the new item reads like item 0 and is in no sequence yet
+    metrics = q.run(cfg, more, ids, tmp_path / "new", previous=previous)
+    codes = store.load_codebooks(tmp_path / "new").codes
+    np.testing.assert_array_equal(codes[:9], previous.codes)
+    assert metrics["collab_from_text"] == 1
+    # its vector is [sqrt(0.1) text, sqrt(0.9) x the unit mean of its text neighbours' SID-read collab parts]
+    books = previous.codebooks
+    parts = sum(b[previous.codes[:9, lv]] for lv, b in enumerate(books))[:, 8:]
+    parts = parts / np.linalg.norm(parts, axis=1, keepdims=True)
+    t = more / np.linalg.norm(more, axis=1, keepdims=True)
+    sims = t[9] @ t[:9].T
+    near = np.argsort(-sims, kind="stable")
+    w = np.maximum(sims[near], 0) + 1e-6
+    c = (w[:, None] * parts[near]).sum(0)
+    u = np.concatenate([math.sqrt(0.1) * t[9], math.sqrt(0.9) * c / np.linalg.norm(c)])
+    assert codes[9, 0] == np.argmin(((books[0] - u) ** 2).sum(1))
+    q.run(dataclasses.replace(cfg, cold_collab="zero"), more, ids, tmp_path / "zero", previous=previous)
+    u0 = np.concatenate([math.sqrt(0.1) * t[9], np.zeros(4)])
+    assert store.load_codebooks(tmp_path / "zero").codes[9, 0] == np.argmin(((books[0] - u0) ** 2).sum(1))

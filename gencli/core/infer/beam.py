@@ -89,8 +89,9 @@ def _decode_batch(
     rows: torch.Tensor | None = None,
     prune: StampConfig | None = None,
     dead: list[torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Beam search for one batch of users: (items [b, beams], scores [b, beams]), dead beams at -inf.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Beam search for one batch of users: (items [b, beams], scores [b, beams], dead beams at -inf; the prefill's
+    log-probabilities of the first SID tokens [b, G], in :attr:`SidTrie.first_tokens` order).
 
     ``dead`` (:meth:`SidTrie.dead_keys` of this batch's users) masks every trie node whose items the
     user must not get, so those prefixes never take a beam.
@@ -108,6 +109,7 @@ def _decode_batch(
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
     logp = _log_probs(out.logits[:, -1], rows)
     del out
+    first = logp[:, trie.first_tokens]
     # one live beam per user at the start so the first step yields distinct beams (as HF does)
     score = torch.full((b, beams), -math.inf, device=device)
     score[:, 0] = 0.0
@@ -147,7 +149,7 @@ def _decode_batch(
         row = torch.arange(b * beams, device=device)
     items = trie.item_of_leaf(nodes).reshape(b, beams)
     items = torch.where(torch.isfinite(score), items, torch.full_like(items, -1))
-    return items, score
+    return items, score, first
 
 
 def _rank_beams(items: torch.Tensor, score: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +172,8 @@ def constrained_beam_search(
     softmax_rows: Sequence[int] | None = None,
     prune: StampConfig | None = None,
     banned: Sequence[Sequence[int]] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    first_level: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
     Runs exactly D = trie.depth steps whether or not the vocab has an EOS (an SID has a fixed length,
@@ -181,7 +184,9 @@ def constrained_beam_search(
     tokens SAP keeps (:func:`prune_prompts`). ``banned[u]`` lists item indices prompt u must not get
     (seen items): they are masked inside the search, so with ``top_k <= beams`` a prompt gets exactly
     top_k distinct allowed items whenever the catalog has that many. Returns (items [U, top_k] int64, -1 where fewer than top_k items were
-    reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index.
+    reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index; with
+    ``first_level`` also the prefill's log-probabilities of the first SID tokens [U, G] float32 (what the blend's
+    prefix part reads, :mod:`gencli.core.infer.blend`).
     """
     if not 1 <= top_k <= beams:
         raise ValueError(f"top_k must be in [1, beams] (got top_k={top_k}, beams={beams})")
@@ -210,6 +215,7 @@ def constrained_beam_search(
         banned = None  # nothing to mask: the plain search, bit for bit
     items = np.full((n, top_k), -1, dtype=np.int64)
     scores = np.full((n, top_k), -np.inf, dtype=np.float32)
+    first = np.zeros((n, len(trie.first_tokens)), dtype=np.float32)
     # longest prompts first: batches of similar length waste little on padding, and memory peaks early
     order = sorted(range(n), key=lambda i: -len(prompts[i]))
     # under torchrun each rank decodes every N-th batch; a batch decodes the same wherever it runs, so the
@@ -221,13 +227,16 @@ def constrained_beam_search(
             dead = None
             if banned is not None:
                 dead = [keys.to(device) for keys in trie.dead_keys([banned[i] for i in idx])]
-            batch_items, batch_scores = _decode_batch(
+            batch_items, batch_scores, batch_first = _decode_batch(
                 model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
-            done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy()))
+            done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy(),
+                         batch_first.cpu().numpy() if first_level else None))
             advance(len(idx))
     for part in dist.gather(done) if dist.world_size() > 1 else [done]:
-        for idx, batch_items, batch_scores in part:
+        for idx, batch_items, batch_scores, batch_first in part:
             items[idx], scores[idx] = batch_items, batch_scores
-    return items, scores
+            if batch_first is not None:
+                first[idx] = batch_first
+    return (items, scores, first) if first_level else (items, scores)

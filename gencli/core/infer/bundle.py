@@ -38,11 +38,12 @@ ITEM_COLUMNS = ("item_id", "title", "codes")
 
 def write_bundle(
     out_dir: Path, model_dir: Path, vocab_path: Path, item_ids: list[str], titles: list[str], codes: np.ndarray,
-    meta: dict[str, Any], force: bool = False,
+    meta: dict[str, Any], force: bool = False, embeddings: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Write the bundle into ``out_dir`` atomically (a hidden sibling folder renamed at the end); returns gencli.json.
 
-    ``meta`` holds source/metrics/decode (see :func:`gencli.cli.export`). An existing non-empty ``out_dir`` is an
+    ``meta`` holds source/metrics/decode/ranking (see :func:`gencli.cli.export`); ``embeddings`` (the embed step's
+    item vectors, row = item) go to EMBEDDINGS for the content part of the ranking. An existing non-empty ``out_dir`` is an
     InputError unless ``force``, then it is replaced only once the new bundle is complete.
     """
     from gencli import __version__
@@ -72,6 +73,8 @@ def write_bundle(
             "sid": pl.Series(["".join(n) for n in names], dtype=pl.String),
             "codes": pl.Series(np.ascontiguousarray(codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
         }).write_parquet(staging / ITEMS)
+        if embeddings is not None:
+            np.save(staging / artifacts.EMBEDDINGS, np.ascontiguousarray(embeddings, dtype=np.float32))
         paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
         files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
         digests = {p.relative_to(staging).as_posix(): _sha256(p) for p in paths}
@@ -265,6 +268,7 @@ class Bundle:
     max_history: int
     beams: int
     metadata: dict[str, Any]
+    ranker: Any = None
 
     def bad(self, problem: str) -> InputError:
         return _bad(self.path, problem)
@@ -293,7 +297,50 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     decode = meta["decode"]
     return Bundle(Path(path), model, vocab, items["item_id"].to_list(), items["title"].to_list(), codes,
                   max_history=_decode_int(path, decode, "max_history", SFT_MAX_HISTORY, 1),
-                  beams=_decode_int(path, decode, "beams", 0, 0), metadata=meta)
+                  beams=_decode_int(path, decode, "beams", 0, 0), metadata=meta,
+                  ranker=read_ranker(path, meta, _tokens(path, codes, vocab)))
+
+
+def _tokens(path: Path, codes: np.ndarray, vocab: Any) -> np.ndarray:
+    from gencli.core.lm.prompt import item_token_ids
+
+    try:
+        return item_token_ids(codes, vocab)
+    except ArtifactError as exc:
+        raise _bad(path, str(exc).split("; rerun")[0]) from None
+
+
+def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
+    """The bundle's ranker: EMBEDDINGS (one row per item) and gencli.json's ranking.blends; a bundle without
+    EMBEDDINGS ranks by the model alone (bundles exported before the blend)."""
+    from gencli.core.infer.blend import Ranker, first_groups, read_blends
+    from gencli.core.infer.content import ContentScorer
+
+    file = Path(path) / artifacts.EMBEDDINGS
+    if not file.is_file():
+        return None
+    try:
+        vectors = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _bad(path, f"{artifacts.EMBEDDINGS} is corrupt ({exc})") from None
+    if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != len(item_tokens):
+        raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
+                         f"{vectors.dtype} {vectors.shape}")
+    blends = None
+    ranking = meta.get("ranking")
+    if ranking is not None:
+        if not isinstance(ranking, dict) or "blends" not in ranking:
+            raise _bad(path, f"{BUNDLE_JSON} field ranking must be an object with 'blends'")
+        if ranking["blends"] is not None:
+            try:
+                blends = read_blends(ranking["blends"], f"{BUNDLE_JSON} field ranking.blends")
+            except ValueError as exc:
+                raise _bad(path, str(exc)) from None
+    try:
+        scorer = ContentScorer(vectors)
+    except ValueError as exc:
+        raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None
+    return Ranker(scorer, first_groups(item_tokens), blends)
 
 
 def _decode_int(path: Path, decode: Any, key: str, default: int, low: int) -> int:

@@ -20,6 +20,8 @@ from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.blend import Ranker, content_ranking, fit_blend, rank
+from gencli.core.infer.content import TEMPERATURES
 from gencli.core.infer.metrics import (
     coverage_at_k,
     popularity_percentile_at_k,
@@ -97,23 +99,29 @@ def build_prompts(
 
 
 class Evaluator:
-    """A fixed set of split users, decoded and scored: the one evaluator of ``gencli eval`` and sft's validation.
+    """A fixed set of split users, decoded and ranked: the one evaluator of ``gencli eval`` and sft's validation.
 
     Users are the rows of ``split`` in ``cohort_mask`` (cold-eval), then a seeded subsample of ``max_users``
-    (0 = all); their prompts are built once. Calling it decodes with an in-memory model.
+    (0 = all); their prompts are built once. With ``exclude_seen`` each user's history is masked inside the
+    decoder (what ``gencli recommend`` serves); otherwise seen items are ranked like any other. With a ``ranker``
+    the ranking is gencli's blend of the model and the content (:mod:`gencli.core.infer.blend`), and the model
+    alone and the content baseline are scored on the same users and policy.
     """
 
     def __init__(self, split: pl.DataFrame, item_tokens: np.ndarray, bos_id: int | None, *, max_history: int,
                  max_users: int = 0, seed: int = 0, cohort_mask: np.ndarray | None = None,
-                 cold_max_train_count: int = -1, name: str = "split"):
+                 cold_max_train_count: int = -1, name: str = "split", ranker: Ranker | None = None,
+                 exclude_seen: bool = False):
         _check_split(split, len(item_tokens), name)
         self.rows, self.cohort_size = select_users(split.height, cohort_mask, max_users, seed, cold_max_train_count)
         users = split[self.rows]
         self.users = users
         self.user_idx = users["user_idx"].to_numpy()
         self.targets = users["target"].to_numpy().astype(np.int64)
-        self.prompts = build_prompts(users["history"].to_list(), self.user_idx, item_tokens, max_history, bos_id)
+        self.histories = [list(h) for h in users["history"].to_list()]
+        self.prompts = build_prompts(self.histories, self.user_idx, item_tokens, max_history, bos_id)
         self.trie = SidTrie(item_tokens)
+        self.ranker, self.exclude_seen = ranker, exclude_seen
 
     def __call__(
         self,
@@ -126,19 +134,38 @@ class Evaluator:
         progress: Progress = SILENT,
         softmax_rows: Sequence[int] | None = None,
         prune: StampConfig | None = None,
+        fit_step: float = 0.0,
     ) -> dict:
-        """Decode every prompt (``prune``: prefill only the prompt tokens SAP keeps, ``gencli eval --prune``).
+        """Decode and rank every user (``prune``: prefill only the prompt tokens SAP keeps, ``gencli eval --prune``;
+        ``fit_step`` > 0: fit the blend on these users first, on a grid of that step, as sft's validation does).
 
-        Returns {"items", "scores", "ranks" (arrays), "metrics" (summarize()), "decode_seconds", "users_per_s"}.
+        Returns {"items", "scores", "ranks", "metrics" (summarize()), "decode_seconds", "users_per_s"}, and with a
+        ranker also "blend", "candidates", "model_only" and "content" (metrics) and "content_items".
         """
         started = time.perf_counter()
-        items, scores = constrained_beam_search(
-            model, self.prompts, self.trie, beams=beams, top_k=max(ks), batch_size=batch_size, device=device,
+        top = max(ks)
+        out = constrained_beam_search(
+            model, self.prompts, self.trie, beams=beams, top_k=beams, batch_size=batch_size, device=device,
             progress=progress, softmax_rows=softmax_rows, prune=prune,
+            banned=self.histories if self.exclude_seen else None, first_level=self.ranker is not None,
         )
+        result: dict = {}
+        if self.ranker is None:
+            items, scores = out[0][:, :top], out[1][:, :top]
+        else:
+            temps = TEMPERATURES if fit_step else None
+            cands = self.ranker.candidates(out[0], out[1], out[2], self.histories, self.exclude_seen, temps)
+            blend = fit_blend(cands, self.targets, step=fit_step)[0] if fit_step else \
+                self.ranker.blend(self.exclude_seen)
+            items, scores = rank(cands, blend, top)
+            result["blend"], result["candidates"] = blend, cands
+            result["model_only"] = summarize(rank_of_target(out[0][:, :top], self.targets), ks, groups)
+            result["content_items"] = content_ranking(cands, top)
+            result["content"] = summarize(rank_of_target(result["content_items"], self.targets), ks, groups)
         seconds = time.perf_counter() - started
         ranks = rank_of_target(items, self.targets)
         return {
+            **result,
             "items": items,
             "scores": scores,
             "ranks": ranks,
@@ -148,19 +175,29 @@ class Evaluator:
         }
 
 
-def versus_popularity(result: dict, targets: np.ndarray, counts: np.ndarray, ks: Sequence[int],
-                      n_items: int) -> tuple[dict, dict]:
-    """The popularity ranking's metrics on the same users, and {"vs_popularity": model / popularity per metric
-    (None where popularity scores 0), "beyond_accuracy": coverage@K and popularity_percentile@K}."""
-    popularity = summarize(popularity_ranks(counts, targets, max(ks)), ks)["overall"]
+def _ratios(model: dict, baseline: dict) -> dict:
+    return {key: (value / baseline[key] if baseline[key] > 0 else None) for key, value in model.items() if "@" in key}
+
+
+def versus_baselines(result: dict, targets: np.ndarray, counts: np.ndarray, ks: Sequence[int], n_items: int,
+                     banned: list[list[int]] | None = None) -> dict:
+    """The popularity ranking's metrics on the same users and seen-item policy (``banned``: histories masked), the
+    content baseline's (when ``result`` has it), the ratios gencli / baseline per metric (None where the baseline
+    scores 0), and beyond-accuracy numbers: item coverage@K and the mean popularity percentile of the top K."""
+    popularity = summarize(popularity_ranks(counts, targets, max(ks), banned), ks)["overall"]
     model = result["metrics"]["overall"]
-    ratios = {key: (value / popularity[key] if popularity[key] > 0 else None)
-              for key, value in model.items() if "@" in key}
+    out: dict = {"popularity_baseline": popularity, "vs_popularity": _ratios(model, popularity)}
+    if "content" in result:
+        out["content_baseline"] = result["content"]["overall"]
+        out["vs_content"] = _ratios(model, result["content"]["overall"])
+        out["model_only"] = result["model_only"]
+        out["vs_model_only"] = _ratios(model, result["model_only"]["overall"])
     beyond: dict = {}
     for k in ks:
         beyond[f"coverage@{k}"] = coverage_at_k(result["items"], n_items, k)
         beyond[f"popularity_percentile@{k}"] = popularity_percentile_at_k(result["items"], counts, k)
-    return popularity, {"vs_popularity": ratios, "beyond_accuracy": beyond}
+    out["beyond_accuracy"] = beyond
+    return out
 
 
 def prune_summary(prompts: Sequence[Sequence[int]], prune: StampConfig) -> dict:
@@ -183,11 +220,14 @@ def run(
     out_dir: Path,
     progress: Progress = SILENT,
     train_counts: np.ndarray | None = None,
+    ranker: Ranker | None = None,
 ) -> dict:
     """Evaluate the model in ``model_dir`` on ``split``; writes PREDICTIONS and METRICS_JSON into ``out_dir``.
 
     With ``train_counts`` (training-target count per item) the metrics also hold the popularity ranking's on the
-    same users, the model/popularity ratios, item coverage@K and the mean popularity percentile of the top K.
+    same users and seen-item policy, the gencli/popularity ratios, item coverage@K and the mean popularity
+    percentile of the top K; with a ``ranker`` the ranking is the blend it holds for ``cfg.exclude_seen``, and the
+    model alone and the content baseline are reported beside it, with the ratios.
 
     ``item_ids[item_idx]`` are the catalog's ids, written next to the indices in PREDICTIONS.
 
@@ -200,7 +240,7 @@ def run(
     item_tokens = item_token_ids(item_codes, vocab)
     evaluator = Evaluator(split, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.max_users,
                           seed=cfg.seed, cohort_mask=cohort_mask, cold_max_train_count=cfg.cold_max_train_count,
-                          name=split_name)
+                          name=split_name, ranker=ranker, exclude_seen=cfg.exclude_seen)
     user_idx, targets, trie = evaluator.user_idx, evaluator.targets, evaluator.trie
     device = resolve_device(cfg.device)
     model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device), min_vocab=trie.vocab_bound)
@@ -227,18 +267,25 @@ def run(
     ).with_columns(  # the split's user ids when it has them (ingest's splits always do)
         evaluator.users.select(pl.col("user_id").cast(pl.String)) if "user_id" in evaluator.users.columns else []
     ).write_parquet(out_dir / artifacts.PREDICTIONS)
+    extra: dict = {}
     if train_counts is not None:
-        result["metrics"]["popularity_baseline"], extra = versus_popularity(result, targets, train_counts, cfg.k,
-                                                                           len(item_tokens))
+        extra = versus_baselines(result, targets, train_counts, cfg.k, len(item_tokens),
+                                 evaluator.histories if cfg.exclude_seen else None)
+        result["metrics"]["popularity_baseline"] = extra.pop("popularity_baseline")
+        if "content_baseline" in extra:
+            result["metrics"]["content_baseline"] = extra.pop("content_baseline")
+            result["metrics"]["model_only"] = extra.pop("model_only")["overall"]
     summary = {
         "split": cfg.split,
+        "exclude_seen": cfg.exclude_seen,
+        "ranking": result["blend"].to_dict() if "blend" in result else "model",
         "beams": cfg.beams,
         "k": list(cfg.k),
         "users": int(len(user_idx)),
         "cohort_size": evaluator.cohort_size,
         "unreachable_items": trie.n_duplicates,
         "metrics": result["metrics"],
-        **(extra if train_counts is not None else {}),
+        **extra,
     }
     if prune is not None:  # absent when off, so unpruned metrics.json stays as before
         summary["prune"] = prune_summary(evaluator.prompts, prune)

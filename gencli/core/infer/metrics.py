@@ -72,11 +72,20 @@ def popularity_order(counts: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(counts.size), -counts))
 
 
-def popularity_ranks(counts: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+def popularity_ranks(counts: np.ndarray, targets: np.ndarray, k: int,
+                     banned: list[list[int]] | None = None) -> np.ndarray:
     """1-based rank of each target in the popularity ranking's top ``k`` (0 = not in it): the baseline every user
-    gets the same list from (seen items are not skipped, as in gencli eval)."""
-    top = popularity_order(counts)[:k]
-    return rank_of_target(np.broadcast_to(top, (len(targets), top.size)), np.asarray(targets))
+    gets the same list from, less the user's ``banned`` items (their history, under eval --exclude-seen)."""
+    order = popularity_order(counts)
+    if banned is None:
+        top = order[:k]
+        return rank_of_target(np.broadcast_to(top, (len(targets), top.size)), np.asarray(targets))
+    rows = np.full((len(targets), k), -1, dtype=np.int64)
+    for r, seen in enumerate(banned):
+        head = order[: k + len(seen)]
+        head = head[~np.isin(head, np.asarray(list(seen), dtype=np.int64))][:k]
+        rows[r, : head.size] = head
+    return rank_of_target(rows, np.asarray(targets))
 
 
 def coverage_at_k(items: np.ndarray, n_items: int, k: int) -> float:

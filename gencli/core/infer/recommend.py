@@ -2,7 +2,8 @@
 
 The prompt is eval's (:func:`gencli.core.lm.prompt.build_prompt`: BOS + the SIDs of the last
 ``max_history`` items), so for the same history, beams and ``exclude_seen=False`` the ranking is
-exactly eval's. With ``exclude_seen`` every item of the history is banned inside the decoder
+exactly eval's (with the same ranker: the blend of model and content, :mod:`gencli.core.infer.blend`).
+With ``exclude_seen`` every item of the history is banned inside the decoder
 (:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
 that many, with no over-generation and filtering afterwards. An empty history gives the model's
 unconditional top K (the prompt is BOS alone). A score is the summed log-probability of the item's
@@ -24,6 +25,7 @@ from gencli.config import StampConfig
 from gencli.config.base import MAX_BEAMS
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.blend import Ranker
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.core.progress import SILENT, Progress
@@ -70,6 +72,7 @@ class Recommender:
         beams: int = 0,
         batch_size: int = 32,
         metadata: dict[str, Any] | None = None,
+        ranker: Ranker | None = None,
     ):
         if len(item_ids) != len(titles) or len(item_ids) != len(item_codes):
             raise ArtifactError(
@@ -104,6 +107,9 @@ class Recommender:
         self.batch_size = batch_size
         self.metadata = metadata or {}
         self.device = next(model.parameters()).device
+        if ranker is not None and len(ranker.scorer) != len(self.item_ids):
+            raise ArtifactError(f"the catalog has {len(self.item_ids)} items but {len(ranker.scorer)} item vectors")
+        self.ranker = ranker
 
     @classmethod
     def load(cls, path: Path | str, device: str = "auto", dtype: str = "auto") -> Recommender:
@@ -113,7 +119,8 @@ class Recommender:
         bundle = open_bundle(Path(path), device, dtype)
         try:
             return cls(bundle.model, bundle.vocab, bundle.item_ids, bundle.titles, bundle.codes,
-                       max_history=bundle.max_history, beams=bundle.beams, metadata=bundle.metadata)
+                       max_history=bundle.max_history, beams=bundle.beams, metadata=bundle.metadata,
+                       ranker=bundle.ranker)
         except ArtifactError as exc:
             raise bundle.bad(str(exc)) from None
 
@@ -162,12 +169,18 @@ class Recommender:
                    for h in histories]
         if not prompts:
             return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
-        items, scores = constrained_beam_search(
-            self.model, prompts, self.trie, beams=beams, top_k=k, batch_size=batch_size, device=self.device,
-            progress=progress, softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
-            banned=[list(h) for h in histories] if exclude_seen else None,
+        blended = self.ranker is not None and not self.ranker.blend(exclude_seen).model_only
+        out = constrained_beam_search(
+            self.model, prompts, self.trie, beams=beams, top_k=beams if blended else k, batch_size=batch_size,
+            device=self.device, progress=progress,
+            softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
+            banned=[list(h) for h in histories] if exclude_seen else None, first_level=blended,
         )
-        self._check_full(histories, items, scores, k, exclude_seen)
+        self._check_full(histories, out[0], out[1], beams if blended else k, exclude_seen)
+        if blended:
+            items, scores = self.ranker.rank(out[0], out[1], out[2], [list(h) for h in histories], exclude_seen, k)
+        else:
+            items, scores = out[0], out[1]
         return Ranked(items, scores)
 
     def _check_full(self, histories, items: np.ndarray, scores: np.ndarray, k: int, exclude_seen: bool) -> None:

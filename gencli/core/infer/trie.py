@@ -73,6 +73,11 @@ class SidTrie:
         self._leaf_item = self._leaf_item.to(device)
         return self
 
+    @property
+    def first_tokens(self) -> torch.Tensor:
+        """The distinct first SID tokens, ascending (the depth-1 nodes in order)."""
+        return self._node_token[0]
+
     def n_nodes(self, depth: int) -> int:
         """Number of distinct prefixes of length ``depth`` (1 at depth 0)."""
         return 1 if depth == 0 else len(self._node_token[depth - 1])

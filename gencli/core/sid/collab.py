@@ -7,8 +7,9 @@ user's training sequence (both orders), the positive pointwise mutual informatio
 ``max(0, log(c_ij * total / (c_i * c_j)))`` gives a sparse item x item matrix, and its
 truncated SVD (``U sqrt(S)``, ``dim`` columns, seeded) gives each item a vector. The vector
 quantized is ``[sqrt(1 - w) * t, sqrt(w) * c]`` with ``t`` the unit text embedding and ``c``
-the unit collaborative vector; an item absent from training has ``c = 0`` and is placed by
-its text alone. Only training sequences are read, never valid or test targets.
+the unit collaborative vector; an item absent from training gets ``c`` estimated from its
+nearest text neighbours' (:func:`from_text_neighbours`). Only training sequences are read,
+never valid or test targets.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 COLLAB_WINDOW = 5  # items at most this many positions apart in a sequence count as co-consumed
 PAIR_CHUNK = 4_000_000  # item pairs collected before they are summed into the sparse counts
+TEXT_NEIGHBOURS = 10  # warm text neighbours whose collaborative vectors place an item that has none
 SVD_ITERS = 6  # subspace iterations of the randomised SVD (converged for the leading vectors on real logs)
 
 
@@ -76,6 +78,34 @@ def collab_vectors(sequences: Sequence[np.ndarray], n_items: int, dim: int, seed
     vectors = torch.where(norms > 1e-12, vectors / norms.clamp_min(1e-12), torch.zeros_like(vectors))
     out[:, :rank] = vectors.numpy()
     return out
+
+
+def from_text_neighbours(collab: np.ndarray, text: np.ndarray, m: int = TEXT_NEIGHBOURS) -> tuple[np.ndarray, int]:
+    """Collaborative vectors for the items that have none (zero rows: no co-occurring pair in training), estimated
+    from their text: the cosine-weighted mean of the collaborative vectors of their ``m`` nearest items by text
+    among those that have one, made unit like theirs. An item that is new or never co-consumed then sits with its
+    text neighbours in the blended space (same length, same region) instead of apart at a zero collaborative part.
+    Returns (vectors, how many rows were estimated)."""
+    out = np.array(collab, dtype=np.float32, copy=True)
+    warm = np.flatnonzero(np.abs(out).sum(axis=1) > 0)
+    cold = np.flatnonzero(np.abs(out).sum(axis=1) == 0)
+    if warm.size == 0 or cold.size == 0:
+        return out, 0
+    t = np.asarray(text, dtype=np.float32)
+    t = t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12)
+    m = min(m, warm.size)
+    done = 0
+    for start in range(0, cold.size, 1024):
+        rows = cold[start:start + 1024]
+        sims = t[rows] @ t[warm].T
+        near = np.argsort(-sims, axis=1, kind="stable")[:, :m]
+        w = np.maximum(np.take_along_axis(sims, near, axis=1), 0.0) + 1e-6
+        est = (w[:, :, None] * out[warm[near]]).sum(axis=1)
+        norms = np.linalg.norm(est, axis=1, keepdims=True)
+        ok = norms[:, 0] > 1e-12
+        out[rows[ok]] = est[ok] / norms[ok]
+        done += int(ok.sum())
+    return out, done
 
 
 def blend(text: np.ndarray, collab: np.ndarray, weight: float) -> np.ndarray:

@@ -36,7 +36,7 @@ from gencli.config import QuantizeConfig
 from gencli.core import artifacts
 from gencli.core.device import peak_rss_mib, resolve_device
 from gencli.core.progress import SILENT, Progress
-from gencli.core.sid.collab import blend, collab_vectors
+from gencli.core.sid.collab import blend, collab_vectors, from_text_neighbours
 from gencli.core.sid.kmeans import kmeans, nearest
 from gencli.core.sid.minibatch import minibatch_kmeans, resolve_mode
 from gencli.core.sid.store import PreviousCodebooks, collision_stats, usage_stats, write_outputs
@@ -230,18 +230,22 @@ def run(
     Metrics: items, dim, levels, codes, dedup_codes, collision_rate, max_group_size, n_unique_sids,
     reconstruction_error, per_level (used, utilisation, perplexity, quant_error, and when trained
     iterations, converged, reseeded), mode, kmeans (full or minibatch; None with ``previous``), items_new,
-    items_kept (+ items_dropped, codebooks_from), collab_items (with --collab: items with a collaborative vector; the
-    others are placed by text), peak_rss_mib (the process's peak resident memory so far).
+    items_kept (+ items_dropped, codebooks_from), collab_items (with --collab: items co-consumed in training;
+    collab_from_text: the others, whose collaborative part comes from their text neighbours), peak_rss_mib (the process's peak resident memory so far).
     """
     x = _check_embeddings(embeddings, item_ids)
     collab: dict[str, Any] = {}
     if previous is not None:
-        x = _match_previous(x, previous)
+        x, estimated = _match_previous(x, previous, item_ids, cfg.cold_collab)
+        if estimated is not None:
+            collab["collab_from_text"] = estimated
     elif cfg.collab > 0:  # training sequences add co-consumption: gencli.core.sid.collab
         if sequences is None:
             raise ValueError("cfg.collab > 0 needs the training sequences (or a QuantizeConfig with collab=0)")
         c = collab_vectors(sequences, len(x), cfg.collab_dim, cfg.seed)
-        collab["collab_items"] = int(np.count_nonzero(np.abs(c).sum(axis=1)))  # the rest are placed by text alone
+        collab["collab_items"] = int(np.count_nonzero(np.abs(c).sum(axis=1)))  # co-consumed in training
+        if cfg.cold_collab == "text":
+            c, collab["collab_from_text"] = from_text_neighbours(c, x)
         x = blend(x, c, cfg.collab)
     device = resolve_device(cfg.device)
     n = len(x)
@@ -310,9 +314,13 @@ def _check_embeddings(embeddings: np.ndarray, item_ids: list[str]) -> np.ndarray
     return x.astype(np.float32, copy=False)
 
 
-def _match_previous(x: np.ndarray, previous: PreviousCodebooks) -> np.ndarray:
-    """The embeddings in the width of --codebooks-from's codebooks. That run's collaborative columns live in its own
-    SVD basis, so they are zero here: items are placed by their text alone."""
+def _match_previous(x: np.ndarray, previous: PreviousCodebooks, item_ids: list[str],
+                    cold_collab: str) -> tuple[np.ndarray, int | None]:
+    """The embeddings in the width of --codebooks-from's codebooks, and how many collaborative parts were estimated
+    from text (None: text-only codebooks). That run's collaborative vectors live in its own SVD basis, so a kept
+    item's part is read back from its SID (the collaborative columns of the sum of its centroids), and a new item's
+    (``cold_collab`` text) is estimated from its nearest kept items by text, as a fresh quantize places items
+    without co-consumption; ``zero`` leaves it empty. Text is scaled by that run's share, as it was clustered."""
     dim = previous.codebooks[0].shape[1]
     if x.shape[1] + previous.collab_dim != dim:
         raise InputError(
@@ -321,7 +329,23 @@ def _match_previous(x: np.ndarray, previous: PreviousCodebooks) -> np.ndarray:
             + "; embed with the same model and --dim as the run that made those codebooks, or quantize without "
             "--codebooks-from"
         )
-    return blend(x, np.zeros((len(x), previous.collab_dim), np.float32), 0.0) if previous.collab_dim else x
+    if not previous.collab_dim:
+        return x, None
+    weight = previous.collab_weight
+    collab = np.zeros((len(x), previous.collab_dim), np.float32)
+    if weight <= 0:  # a record without the share: unit text, no collaborative part
+        return blend(x, collab, 0.0), 0
+    index = {item_id: row for row, item_id in enumerate(previous.item_ids)}
+    rows = np.array([index.get(item_id, -1) for item_id in item_ids], dtype=np.int64)
+    kept = np.flatnonzero(rows >= 0)
+    centroids = sum(book[previous.codes[rows[kept], level]] for level, book in enumerate(previous.codebooks))
+    part = np.asarray(centroids, dtype=np.float32)[:, x.shape[1]:]
+    norms = np.linalg.norm(part, axis=1, keepdims=True)
+    collab[kept] = np.divide(part, norms, out=np.zeros_like(part), where=norms > 1e-12)
+    estimated = 0
+    if cold_collab == "text":
+        collab, estimated = from_text_neighbours(collab, x)
+    return blend(x, collab, weight), estimated
 
 
 def _reuse(

@@ -30,6 +30,8 @@ class PreviousCodebooks:
     """The quantize folder they came from (for messages)."""
     collab_dim: int = 0
     """Trailing codebook columns that were ``--collab`` vectors in that run (0 = text only)."""
+    collab_weight: float = 0.0
+    """That run's ``--collab`` share (0 = unknown or text only: new items are then placed by unit text)."""
 
 
 def usage_stats(labels: np.ndarray, k: int) -> dict[str, Any]:

@@ -20,7 +20,8 @@ early stopping (``cfg.patience`` validations without a new best) ends first.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,18 @@ from gencli.config import StampConfig, TrainConfig
 from gencli.config.model import BATCH
 from gencli.core import artifacts
 from gencli.core.device import resolve_device
+from gencli.core.infer.blend import (
+    FIT_K,
+    POLICIES,
+    Ranker,
+    content_ranking,
+    first_groups,
+    fit_blend,
+    target_ranks,
+)
+from gencli.core.infer.content import TEMPERATURES, ContentScorer
 from gencli.core.infer.evaluate import Evaluator
+from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
@@ -45,26 +57,65 @@ from gencli.core.train.step import lr_factor, make_loss
 from gencli.errors import InputError
 
 EVAL_METRIC = "recall@5"
+VALID_FIT_STEP = 0.25  # the blend grid of each validation (the final fit, after training, uses 0.1)
 
 
-def validation(valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
-               device: torch.device, prune: StampConfig | None = None) -> Callable[[torch.nn.Module], dict[str, Any]]:
+class Validation:
     """sft's validation: Recall@5 (and @10, @20 when the beam allows) of the valid users (a seeded subsample of
     ``cfg.eval_users`` above that many), decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as
-    ``gencli eval``."""
-    evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.eval_users,
-                          seed=cfg.seed, name="valid split")
-    # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
-    softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
-    ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
+    ``gencli eval``. With a ``ranker`` it scores what is served: seen items masked, ranked by the blend of model and
+    content fitted on these users (a coarse grid, VALID_FIT_STEP); the model alone is reported beside it, and the
+    best validation's candidates are kept for the final fit (:meth:`final_blend`)."""
 
-    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
-        result = evaluator(model, ks, cfg.eval_beams, cfg.batch_size or BATCH, device=device, softmax_rows=softmax_rows,
-                           prune=prune)
-        return {**{f"recall@{k}": result["metrics"]["overall"][f"recall@{k}"] for k in ks},
-                "users": len(evaluator.targets)}
+    def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
+                 device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None):
+        self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
+                                   max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
+                                   exclude_seen=ranker is not None)
+        # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
+        self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
+        self.ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
+        self.cfg, self.device, self.prune, self.ranker = cfg, device, prune, ranker
+        self.runs = 0
+        self.best: tuple[float, Any] | None = None  # (EVAL_METRIC, candidates) of the best validation run here
 
-    return evaluate
+    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+        result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
+                                device=self.device, softmax_rows=self.softmax_rows, prune=self.prune,
+                                fit_step=VALID_FIT_STEP if self.ranker is not None else 0.0)
+        self.runs += 1
+        out = {**{f"recall@{k}": result["metrics"]["overall"][f"recall@{k}"] for k in self.ks},
+               "users": len(self.evaluator.targets)}
+        if self.ranker is not None:
+            out["model_recall@5"] = result["model_only"]["overall"]["recall@5"]
+            out.update({f"blend_{k}": v for k, v in result["blend"].to_dict().items()})
+            if self.best is None or out[EVAL_METRIC] > self.best[0]:  # the same rule as the loop's best/
+                self.best = (out[EVAL_METRIC], result["candidates"])
+        return out
+
+    def final_blend(self, model_dir: Path, evals: int, best: float | None) -> dict[str, Any]:
+        """blend.json: the blend fitted on the 0.1 grid to the best model's validation candidates (those of its own
+        validation when this process ran every one, else decoded again from ``model_dir``: a resumed run), with the
+        validation metrics of the blend, the model alone and the content baseline. The blend is fitted on what is
+        served (seen items masked) and applies to both seen-item policies: its content parts never rank a history
+        item, and one fit keeps sft's validation cheap."""
+        ev = self.evaluator
+        if self.best is not None and self.runs == evals and self.best[0] == best:
+            cands = self.best[1]
+        else:
+            model, _ = load_model(model_dir, self.device, torch.float32)
+            cands = ev(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
+                       softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP)["candidates"]
+        blend, table = fit_blend(cands, ev.targets)
+        scores = {}
+        for part, ranks in (("blend", target_ranks(cands, blend, ev.targets)),
+                            ("model", rank_of_target(cands.beam_items, ev.targets)),
+                            ("content", rank_of_target(content_ranking(cands, FIT_K), ev.targets))):
+            scores[part] = {f"recall@{FIT_K}": recall_at_k(ranks, FIT_K), f"ndcg@{FIT_K}": ndcg_at_k(ranks, FIT_K)}
+        return {"blends": {p: blend.to_dict() for p in POLICIES},
+                "fit": {"split": "valid", "policy": "exclude_seen", "users": len(ev.targets),
+                        "beams": self.cfg.eval_beams, "grid_step": 0.1, "temperatures": list(TEMPERATURES),
+                        "objective": f"recall@{FIT_K} + ndcg@{FIT_K}", "valid": scores, "grid": table}}
 
 
 def cut_schedule_warning(summary: dict[str, Any], cfg: TrainConfig) -> str | None:
@@ -125,9 +176,12 @@ def run(
     out_dir: Path,
     progress: Progress = SILENT,
     resume: bool = False,
+    embeddings: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Fine-tune on next-item prediction; write ``model/`` (best validation checkpoint), ``best/``,
-    ``sid_vocab.json``, ``metrics.jsonl`` and ``checkpoints/``. Returns final and peak metrics."""
+    ``sid_vocab.json``, ``metrics.jsonl`` and ``checkpoints/``. With ``embeddings`` (the embed step's item vectors)
+    and a valid split, validation ranks as gencli serves (:func:`validation`) and ``blend.json`` holds the blends of
+    model and content fitted on the valid users for each seen-item policy. Returns final and peak metrics."""
     out_dir = Path(out_dir)
     vocab = load_sid_vocab(vocab_path)
     item_tokens = item_token_ids(item_codes, vocab)
@@ -141,7 +195,13 @@ def run(
     model, tokenizer = load_model(model_dir, device, torch.float32)
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
-    evaluate = None if valid is None else validation(valid, item_tokens, vocab, cfg, device)
+    ranker = None
+    if embeddings is not None and valid is not None:
+        if len(embeddings) != len(item_tokens):
+            raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
+                             f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
+        ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens))
+    evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
         callbacks.append(EarlyStopping(cfg.patience))
@@ -163,6 +223,12 @@ def run(
     vocab_record["softmax"] = "sid" if cfg.sid_softmax else "full"
     (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(vocab_record, indent=2) + "\n", encoding="utf-8")
     curve: Sequence[dict] = summary.pop("evals")
+    blends = None
+    if ranker is not None and evaluate is not None:
+        started = time.perf_counter()
+        blends = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), summary[f"best_{EVAL_METRIC}"])
+        fit_seconds = round(time.perf_counter() - started, 3)  # in the metrics, not the file: reruns write equal bytes
+        (out_dir / artifacts.BLEND).write_text(json.dumps(blends, indent=2) + "\n", encoding="utf-8")
     warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
         **({"warnings": warnings} if warnings else {}),
@@ -178,4 +244,6 @@ def run(
         "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
         "peak_step": summary["best_step"],
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
+        **({"blend": blends["blends"]["exclude_seen"], "valid_blend": blends["fit"]["valid"],
+            "blend_fit_s": fit_seconds} if blends else {}),
     }

@@ -1,0 +1,268 @@
+"""The one ranking of gencli: the beam's items and the content candidates, ordered by the blended probability.
+
+:func:`candidates` joins what the constrained beam search found (items, summed SID log-probabilities and the
+first-code distribution) with each user's content side (:mod:`gencli.core.infer.content`): the
+``CONTENT_CANDIDATES`` items of highest cosine, and as many of highest prefix probability per temperature.
+:func:`rank` orders them by the blend's log-probability, ties by lower item index, and keeps K. Eval, cold-eval,
+sft's validation, recommend, bundles and promotion all rank through here, so they agree item for item. A
+model-only blend returns the beam's ranking bit for bit. :func:`fit_blend` picks the shares and the temperature on
+validation users, maximising Recall@10 + NDCG@10 (ties: the larger model share, then the smaller prefix share).
+
+Why candidates and not the whole catalog: an item outside them has no model probability and no more content or
+prefix probability than the 50 best of each, so it can only enter a top K of at most 50 through a sum of parts
+that are each below those; the mixture of the candidates is the ranking (exact for a one-part blend).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gencli.core.infer.content import (
+    CONTENT_CANDIDATES,
+    MODEL_ONLY,
+    TEMPERATURES,
+    WEIGHTS,
+    Blend,
+    ContentScorer,
+    ban_mask,
+    top_by_score,
+    user_chunks,
+)
+from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
+
+FIT_K = 10  # the blend maximises Recall@FIT_K + NDCG@FIT_K on validation users
+
+
+def first_groups(item_tokens: np.ndarray) -> np.ndarray:
+    """Each item's first-code group: the index of its first SID token among the distinct first tokens, ascending
+    (the order of the beam search's first-level log-probabilities)."""
+    first = np.asarray(item_tokens)[:, 0]
+    return np.searchsorted(np.unique(first), first)
+
+
+@dataclass
+class Candidates:
+    """Per user: the items that may make a blended top K, with every part's log-probability."""
+
+    items: np.ndarray
+    """int64 [U, M]: the beam's items first (as ranked), then content and prefix candidates; -1 = none."""
+    model: np.ndarray
+    """float64 [U, M]: the model's log-probability, -inf where no beam reached the item."""
+    content: dict[float, np.ndarray]
+    """temperature -> float64 [U, M]: log q(i), the content softmax over every allowed item."""
+    prefix: dict[float, np.ndarray]
+    """temperature -> float64 [U, M]: log p_model(c1(i)) + log q(i | c1(i)); -inf without first-level scores."""
+    beam_items: np.ndarray
+    """int64 [U, B]: the beam's ranking (what a model-only blend returns)."""
+    beam_scores: np.ndarray
+    """float32 [U, B]."""
+    content_items: np.ndarray
+    """int64 [U, C]: the content baseline's ranking (highest cosine first, allowed items only)."""
+
+
+def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
+    peak = x.max(axis=1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = x - peak - np.log(np.exp(x - peak).sum(axis=1, keepdims=True))
+    return np.where(np.isfinite(x), out, -np.inf)
+
+
+def _group_log_softmax(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """log softmax of each row of ``x`` within each group of columns (``groups``: 0..G-1, every group present);
+    -inf stays -inf."""
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    xs = x[:, order]
+    peak = np.maximum.reduceat(xs, starts, axis=1)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    totals = np.add.reduceat(np.exp(xs - peak[:, sorted_groups]), starts, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = x - (peak + np.log(totals))[:, groups]
+    return np.where(np.isfinite(x), out, -np.inf)
+
+
+def candidates(beam_items: np.ndarray, beam_scores: np.ndarray, scorer: ContentScorer,
+               histories: Sequence[Sequence[int]], exclude_seen: bool,
+               first_logp: np.ndarray | None = None, groups: np.ndarray | None = None,
+               temperatures: Sequence[float] = TEMPERATURES, n_content: int = CONTENT_CANDIDATES) -> Candidates:
+    """Join the beam's ranking [U, B] with the content side for the same users. The content and prefix parts never
+    rank a history item (an item is trivially most similar to itself; repeats are the model's to predict), and the
+    content baseline (``content_items``) skips them only with ``exclude_seen``, as the beam did; ``first_logp`` [U, G]: the model's log-probabilities of the G first codes and
+    ``groups`` [n_items] each item's first-code index (:func:`first_groups`); without them the prefix part is
+    absent (-inf)."""
+    n_users, n_items = len(histories), len(scorer)
+    if beam_items.shape[0] != n_users:
+        raise ValueError(f"the beam ranked {beam_items.shape[0]} users but {n_users} histories were given")
+    use_prefix = first_logp is not None and groups is not None
+    n_content = min(n_content, n_items)
+    temperatures = [float(t) for t in temperatures]
+    parts = []
+    for rows in user_chunks(n_users, n_items):
+        cos = scorer.cosines(histories[rows]).astype(np.float64)
+        baseline = None if exclude_seen else top_by_score(cos, n_content)
+        cos[ban_mask(histories, rows, n_items)] = -np.inf
+        top = top_by_score(cos, n_content)
+        beam = beam_items[rows]
+        pools = [beam, top]
+        content = {t: _log_softmax_rows(cos / t) for t in temperatures}
+        prefix = {}
+        if use_prefix:
+            region = _log_softmax_rows(np.asarray(first_logp[rows], dtype=np.float64))[:, groups]
+            for t in temperatures:
+                prefix[t] = region + _group_log_softmax(cos / t, groups)
+                pools.append(top_by_score(prefix[t], n_content))
+        joined = _union(pools)
+        safe = np.maximum(joined, 0)
+        model = np.full(joined.shape, -np.inf)
+        model[:, : beam.shape[1]] = np.where(beam >= 0, beam_scores[rows].astype(np.float64), -np.inf)
+        pick = {t: np.where(joined >= 0, np.take_along_axis(v, safe, axis=1), -np.inf) for t, v in content.items()}
+        pick_prefix = {t: np.where(joined >= 0, np.take_along_axis(v, safe, axis=1), -np.inf)
+                       for t, v in prefix.items()}
+        parts.append((joined, model, pick, pick_prefix, top if baseline is None else baseline))
+    width = max(p[0].shape[1] for p in parts)
+
+    def stack(arrays, fill, dtype):
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill).astype(dtype)
+                               for a in arrays]) if arrays else np.zeros((0, width), dtype)
+
+    empty = {t: np.full((n_users, width), -np.inf) for t in temperatures}
+    return Candidates(
+        items=stack([p[0] for p in parts], -1, np.int64),
+        model=stack([p[1] for p in parts], -np.inf, np.float64),
+        content={t: stack([p[2][t] for p in parts], -np.inf, np.float64) for t in temperatures},
+        prefix={t: stack([p[3][t] for p in parts], -np.inf, np.float64) for t in temperatures} if use_prefix
+        else empty,
+        beam_items=beam_items, beam_scores=beam_scores,
+        content_items=np.concatenate([p[4] for p in parts]) if parts else np.zeros((0, n_content), np.int64),
+    )
+
+
+def _union(pools: list[np.ndarray]) -> np.ndarray:
+    """Row-wise union of item lists, the first pool's order first, later duplicates dropped (-1 = none)."""
+    out = pools[0]
+    for pool in pools[1:]:
+        seen = (pool[:, :, None] == out[:, None, :]).any(axis=2) | (pool < 0)
+        out = np.concatenate([out, np.where(seen, -1, pool)], axis=1)
+    return out
+
+
+def blended_log_prob(c: Candidates, blend: Blend) -> np.ndarray:
+    """[U, M] log(w_model p_model + w_prefix p_prefix + w_content q) of every candidate (-inf for padding)."""
+    t = float(blend.temperature)
+    if t not in c.content:
+        raise ValueError(f"these candidates hold temperatures {sorted(c.content)}, not {t}")
+    terms = []
+    for share, part in ((blend.weight, c.model), (blend.prefix, c.prefix[t]), (blend.content, c.content[t])):
+        if share > 0:
+            terms.append(math.log(share) + part)
+    with np.errstate(invalid="ignore"):
+        out = terms[0] if len(terms) == 1 else np.logaddexp.reduce(np.stack(terms), axis=0)
+    return np.where(c.items >= 0, np.nan_to_num(out, nan=-np.inf), -np.inf)
+
+
+def rank(c: Candidates, blend: Blend, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's top ``k`` (items int64 [U, k], -1 where fewer exist; scores float32: the blended
+    log-probability, or for a model-only blend the model's own summed SID log-probability)."""
+    if blend.model_only:
+        return c.beam_items[:, :k], c.beam_scores[:, :k]
+    logp = blended_log_prob(c, blend)
+    tie = np.where(c.items >= 0, c.items, np.iinfo(np.int64).max)
+    order = np.lexsort((tie, -logp), axis=-1)[:, :k]
+    items = np.take_along_axis(c.items, order, axis=1)
+    scores = np.take_along_axis(logp, order, axis=1)
+    gone = ~np.isfinite(scores)
+    return np.where(gone, -1, items), np.where(gone, -np.inf, scores).astype(np.float32)
+
+
+def target_ranks(c: Candidates, blend: Blend, targets: np.ndarray) -> np.ndarray:
+    """1-based rank of each target in the blended ranking (0 = not a candidate): :func:`rank`'s order without
+    sorting, for fitting."""
+    if blend.model_only:
+        return rank_of_target(c.beam_items, targets)
+    logp = blended_log_prob(c, blend)
+    match = c.items == np.asarray(targets)[:, None]
+    has = match.any(axis=1)
+    own = np.where(has, logp[np.arange(len(targets)), match.argmax(axis=1)], -np.inf)
+    ahead = (logp > own[:, None]) | ((logp == own[:, None]) & (c.items >= 0) & (c.items < targets[:, None]))
+    return np.where(has & np.isfinite(own), ahead.sum(axis=1) + 1, 0).astype(np.int64)
+
+
+def content_ranking(c: Candidates, k: int) -> np.ndarray:
+    """The content nearest-neighbour baseline's top ``k`` [U, k] (same users, same banned items)."""
+    return c.content_items[:, :k]
+
+
+def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1) -> tuple[Blend, list[dict]]:
+    """The blend with the best Recall@k + NDCG@k on these (validation) users over model and prefix shares on a
+    grid of ``step`` (0.1: WEIGHTS) and the temperatures the candidates hold; every point tried is returned."""
+    targets = np.asarray(targets)
+    grid = WEIGHTS if step == 0.1 else tuple(round(i * step, 4) for i in range(int(round(1 / step)) + 1))
+    table: list[dict] = []
+    best: tuple | None = None
+    with_prefix = any(np.isfinite(v).any() for v in c.prefix.values())
+    for weight in grid:
+        prefixes = [p for p in grid if p <= round(1 - weight, 4)] if with_prefix else [0.0]
+        for prefix in prefixes:
+            temps = sorted(c.content) if weight < 1 else [min(c.content, key=lambda t: abs(t - 0.2))]
+            for t in temps:
+                blend = Blend(weight, min(prefix, 1 - weight), t)
+                ranks = target_ranks(c, blend, targets)
+                row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
+                table.append(row)
+                key = (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2))
+                if best is None or key > best[0]:
+                    best = (key, blend)
+    assert best is not None
+    return best[1], table
+
+
+POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: what is served, and eval's protocol
+
+
+def policy(exclude_seen: bool) -> str:
+    return POLICIES[0] if exclude_seen else POLICIES[1]
+
+
+def read_blends(record: object, where: str) -> dict[str, Blend]:
+    """{policy: Blend} from a JSON record {"exclude_seen": {...}, "include_seen": {...}} (ValueError naming
+    ``where`` and the field)."""
+    if not isinstance(record, dict) or set(record) != set(POLICIES):
+        raise ValueError(f"{where} must hold one blend per policy ({', '.join(POLICIES)}), got {record!r}")
+    try:
+        return {p: Blend.from_dict(record[p]) for p in POLICIES}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+@dataclass
+class Ranker:
+    """Content scorer + first-code groups + the fitted blends: turns a beam search's output into gencli's ranking.
+
+    ``blends`` None ranks by the model alone (a model step without a fitted blend, or ``--ranking model``)."""
+
+    scorer: ContentScorer
+    groups: np.ndarray
+    blends: dict[str, Blend] | None = None
+
+    def blend(self, exclude_seen: bool) -> Blend:
+        return MODEL_ONLY if self.blends is None else self.blends[policy(exclude_seen)]
+
+    def candidates(self, beam_items: np.ndarray, beam_scores: np.ndarray, first_logp: np.ndarray | None,
+                   histories: Sequence[Sequence[int]], exclude_seen: bool,
+                   temperatures: Sequence[float] | None = None) -> Candidates:
+        temps = temperatures or [self.blend(exclude_seen).temperature]
+        return candidates(beam_items, beam_scores, self.scorer, histories, exclude_seen, first_logp, self.groups,
+                          temps)
+
+    def rank(self, beam_items: np.ndarray, beam_scores: np.ndarray, first_logp: np.ndarray | None,
+             histories: Sequence[Sequence[int]], exclude_seen: bool, k: int) -> tuple[np.ndarray, np.ndarray]:
+        blend = self.blend(exclude_seen)
+        if blend.model_only:
+            return beam_items[:, :k], beam_scores[:, :k]
+        return rank(self.candidates(beam_items, beam_scores, first_logp, histories, exclude_seen), blend, k)

@@ -1,0 +1,150 @@
+"""What the catalog's own text says: content scores over gencli's ``embed`` vectors, and their blend with the model.
+
+A user's content profile is the recency-weighted mean of the embeddings of their last ``window`` history items
+(weight ``decay ** age``, age 0 for the newest), L2-normalised; every catalog item scores its cosine with it. Alone,
+that is the content nearest-neighbour baseline eval reports next to popularity. Blended, it is how gencli ranks, a
+mixture of three distributions over the allowed items:
+
+    p(i) = w_model p_model(i) + w_prefix p_model(c1(i)) q(i | c1(i)) + w_content q(i)
+
+``p_model(i)`` is the beam's summed SID log-probability, exponentiated (0 for an item no beam reached);
+``q = softmax(cosine / temperature)`` over the allowed items, ``q(i | c1)`` the same within the items whose SID starts
+with code ``c1``, and ``p_model(c1)`` the model's distribution over first SID codes (the prefill's logits, free). The
+prefix part is how a new or rare item is recommended: the model has never emitted its full SID, but it predicts the
+region of SID space (the first code) as well for such items as for any other, and the text picks the item inside it.
+The three shares (summing to 1) and the temperature are fitted on validation users by sft; ``w_model = 1`` is the
+model alone, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CONTENT_WINDOW = 10  # history items in the content profile, the newest ones
+CONTENT_DECAY = 0.8  # weight of each older item relative to the next newer one
+CONTENT_CANDIDATES = 50  # items per user and signal that may enter a blended top K (with the beam's items)
+USER_CHUNK_CELLS = 4_000_000  # users x catalog cosines computed at once (16 MB of float32)
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # the blend's model share, fitted on validation
+TEMPERATURES = (0.2, 0.5, 1.0, 2.0)  # content softmax temperatures, fitted on validation
+
+
+@dataclass(frozen=True)
+class Blend:
+    """How a ranking mixes the model, the model-chosen SID region and the content distribution (fitted by sft)."""
+
+    weight: float
+    """The generative model's share in [0, 1]; 1 = the model alone."""
+    prefix: float = 0.0
+    """The share of p_model(first code) x content within that code, in [0, 1 - weight]; the rest is content alone."""
+    temperature: float = 0.2
+    """Softmax temperature of the content cosines (> 0); lower = the content shares go to fewer items."""
+
+    def __post_init__(self) -> None:
+        for name in ("weight", "prefix", "temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"blend {name} must be a number (got {value!r})")
+        if not 0.0 <= self.weight <= 1.0:
+            raise ValueError(f"blend weight must be in [0, 1] (got {self.weight})")
+        if not 0.0 <= self.prefix <= 1.0 - self.weight + 1e-9:
+            raise ValueError(f"blend prefix must be in [0, 1 - weight] (got {self.prefix} with weight {self.weight})")
+        if not 0.0 < self.temperature <= 10.0:
+            raise ValueError(f"blend temperature must be in (0, 10] (got {self.temperature})")
+
+    @property
+    def model_only(self) -> bool:
+        return self.weight >= 1.0
+
+    @property
+    def content(self) -> float:
+        return max(0.0, 1.0 - self.weight - self.prefix)
+
+    def to_dict(self) -> dict:
+        return {"weight": float(self.weight), "prefix": float(self.prefix), "temperature": float(self.temperature)}
+
+    @classmethod
+    def from_dict(cls, record: Any) -> Blend:
+        """A Blend from its JSON record (ValueError naming what is wrong)."""
+        if not isinstance(record, dict) or set(record) - {"weight", "prefix", "temperature"} or "weight" not in record:
+            raise ValueError(f'a blend is {{"weight": w, "prefix": p, "temperature": t}}, got {record!r}')
+        return cls(**record)
+
+
+MODEL_ONLY = Blend(1.0)
+
+
+class ContentScorer:
+    """Cosines of every catalog item with a user's content profile (``embeddings``: [n_items, dim], row = item)."""
+
+    def __init__(self, embeddings: np.ndarray, window: int = CONTENT_WINDOW, decay: float = CONTENT_DECAY):
+        emb = np.asarray(embeddings, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[0] == 0 or emb.shape[1] == 0:
+            raise ValueError(f"item embeddings must be a non-empty [n_items, dim] matrix (got shape {emb.shape})")
+        if not np.isfinite(emb).all():
+            raise ValueError("item embeddings hold NaN or infinite values; rerun gencli embed")
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
+        self.embeddings = np.where(norms > 1e-12, emb / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+        self.window, self.decay = window, decay
+
+    def __len__(self) -> int:
+        return self.embeddings.shape[0]
+
+    def profiles(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
+        """[U, dim] unit profiles (a zero row for an empty history)."""
+        out = np.zeros((len(histories), self.embeddings.shape[1]), dtype=np.float32)
+        for row, history in enumerate(histories):
+            recent = np.asarray(list(history)[-self.window:], dtype=np.int64)
+            if recent.size == 0:
+                continue
+            weights = self.decay ** np.arange(recent.size - 1, -1, -1, dtype=np.float64)
+            vector = (weights[:, None] * self.embeddings[recent]).sum(axis=0)
+            norm = np.linalg.norm(vector)
+            if norm > 1e-12:
+                out[row] = vector / norm
+        return out
+
+    def cosines(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
+        """[U, n_items] float32 cosine of every item with each user's profile (0 everywhere for an empty history)."""
+        return self.profiles(histories) @ self.embeddings.T
+
+
+def user_chunks(n_users: int, n_items: int) -> list[slice]:
+    """Slices of users whose [chunk x catalog] cosines stay within USER_CHUNK_CELLS."""
+    step = max(1, USER_CHUNK_CELLS // max(n_items, 1))
+    return [slice(s, min(s + step, n_users)) for s in range(0, n_users, step)]
+
+
+def ban_mask(banned: Sequence[Sequence[int]], rows: slice, n_items: int) -> np.ndarray:
+    """[chunk, n_items] bool, True where the user must not get the item."""
+    part = banned[rows]
+    mask = np.zeros((len(part), n_items), dtype=bool)
+    for r, items in enumerate(part):
+        if len(items):
+            mask[r, np.asarray(list(items), dtype=np.int64)] = True
+    return mask
+
+
+def top_by_score(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's ``k`` highest scores, best first, ties by lower index (-inf never beats a finite
+    score; a row with fewer finite scores than k ends in -1)."""
+    n = scores.shape[1]
+    k = min(k, n)
+    if k < n:
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        # a tie at the boundary may have been cut arbitrarily: widen to every column scoring >= the k-th
+        kth = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
+        cols = [np.flatnonzero(row >= t) for row, t in zip(scores, kth[:, 0], strict=True)]
+    else:
+        cols = [np.arange(n)] * scores.shape[0]
+    out = np.full((scores.shape[0], k), -1, dtype=np.int64)
+    for r, c in enumerate(cols):
+        s = scores[r, c]
+        order = c[np.lexsort((c, -s))][:k]
+        order = order[np.isfinite(scores[r, order])]
+        out[r, : order.size] = order
+    return out
