@@ -79,6 +79,32 @@ def test_include_seen_matches_evals_ranking(trained, catalog):
     assert not (trained / ".staging" / "recommend").exists()
 
 
+def test_eval_measures_what_recommend_serves_next_to_the_baselines(trained, catalog):
+    ids, seen = catalog
+    r = _run(trained, "eval", "--beams", "20", "--k", "10", "--max-users", "8", "--exclude-seen", "--force", "--json")
+    assert r.exit_code == 0, r.output
+    metrics = _json(r)["metrics"]
+    assert metrics["exclude_seen"] is True and metrics["ranking"] == json.loads(
+        (trained / "sft" / "blend.json").read_text())["blends"]["exclude_seen"]
+    for block in ("popularity_baseline", "content_baseline", "model_only"):
+        assert metrics[block]["users"] == 8
+    assert set(metrics["vs_content"]) == {"recall@10", "ndcg@10"}
+    preds = pl.read_parquet(trained / "eval" / "predictions.parquet")
+    test = pl.read_parquet(trained / "ingest" / "test.parquet")
+    for row in preds.iter_rows(named=True):  # seen items are masked inside the decoder, as recommend does
+        history = test.filter(pl.col("user_idx") == row["user_idx"])["history"].to_list()[0]
+        assert not set(row["items"]) & set(history) and len(set(row["items"])) == 10
+        got = _json(_run(trained, "recommend", "--history", ",".join(ids[i] for i in history), "--k", "10",
+                         "--beams", "20", "--json"))["recommendations"][0]["items"]
+        assert [item["item_id"] for item in got] == [ids[i] for i in row["items"]]
+    plain = _run(trained, "eval", "--beams", "20", "--k", "10", "--max-users", "8", "--ranking", "model", "--force",
+                 "--json")
+    assert _json(plain)["metrics"]["ranking"] == "model"
+    assert _json(plain)["metrics"]["overall"] == _json(plain)["metrics"]["model_only"]
+    bad = _run(trained, "eval", "--ranking", "mixed")
+    assert bad.exit_code == 2 and "mixed" in bad.output
+
+
 def test_stdin_keeps_order_and_matches_user_mode(trained, catalog):
     ids, seen = catalog
     users = sorted(seen)[:3]
@@ -161,6 +187,8 @@ def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catal
     # the source workdir is recorded as provenance only (what `run --previous BUNDLE` follows); nothing else names it
     assert meta["source"].pop("workdir") == str(trained.resolve())
     assert "eval" in meta["metrics"] and str(trained) not in json.dumps(meta)
+    blend = json.loads((trained / "sft" / "blend.json").read_text())["blends"]
+    assert meta["ranking"]["blends"] == blend and (out / "embeddings.npy").is_file()  # the bundle ranks alike
     history = ",".join(ids[3:9])
     in_workdir = _json(_run(trained, "recommend", "--history", history, "--k", "6", "--json"))
     env = {k: v for k, v in os.environ.items() if k != "GENCLI_WORKDIR"}

@@ -278,7 +278,7 @@ def run(
     summary = {
         "split": cfg.split,
         "exclude_seen": cfg.exclude_seen,
-        "ranking": result["blend"].to_dict() if "blend" in result else "model",
+        "ranking": result["blend"].to_dict() if "blend" in result and not result["blend"].model_only else "model",
         "beams": cfg.beams,
         "k": list(cfg.k),
         "users": int(len(user_idx)),
