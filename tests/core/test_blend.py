@@ -180,3 +180,19 @@ def test_a_blend_recommends_an_item_the_model_alone_never_ranks():
     assert never[0] in top and len(set(top)) == 10 and not set(top) & set(history)
     assert blended.rank([history], k=10, beams=10, exclude_seen=False).items[0].tolist() == \
         plain.rank([history], k=10, beams=10, exclude_seen=False).items[0].tolist()
+
+
+def test_a_blended_list_is_min_k_allowed_distinct_unseen_items():
+    model, vocab, codes, emb = _catalog()
+    tokens = item_token_ids(codes, vocab)
+    ranker = B.Ranker(ContentScorer(emb), B.first_groups(tokens), {"exclude_seen": Blend(0.2, 0.5, 0.5),
+                                                                   "include_seen": Blend(0.2, 0.5, 0.5)})
+    ids = [f"i{i}" for i in range(30)]
+    rec = Recommender(model, vocab, ids, ids, codes, max_history=3, ranker=ranker)
+    rng = np.random.default_rng(4)
+    histories = [[], rng.permutation(30)[:20].tolist(), rng.permutation(30)[:26].tolist(), list(range(30))]
+    ranked = rec.rank(histories, k=10, beams=10)
+    for h, row, scores in zip(histories, ranked.items.tolist(), ranked.scores, strict=True):
+        got = [i for i in row if i >= 0]
+        assert len(got) == len(set(got)) == min(10, 30 - len(set(h))) and not set(got) & set(h)
+        assert np.isfinite(scores[: len(got)]).all() and np.isneginf(scores[len(got):]).all()
