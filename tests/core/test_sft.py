@@ -111,3 +111,35 @@ def test_stamp_with_window_samples_warns_and_points_to_prefixes():
     assert sft.stamp_windows_warning(TrainConfig(stamp=stamp, samples="prefixes")) is None
     assert sft.stamp_windows_warning(TrainConfig(stamp=StampConfig(map=True))) is None  # MAP alone prunes nothing
     assert sft.stamp_windows_warning(TrainConfig()) is None
+
+
+def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_path):
+    import numpy as np
+
+    model_dir, vocab_path = build_sid_model(tmp_path / "in")
+    train, valid = toy_splits()
+    emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=5,
+                      save_every=2, patience=0)
+    whole = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "whole", embeddings=emb)
+    record = json.loads((tmp_path / "whole" / artifacts.BLEND).read_text())
+    assert record["blends"]["exclude_seen"] == record["blends"]["include_seen"] == whole["blend"]
+    assert record["fit"]["users"] == 8 and record["fit"]["policy"] == "exclude_seen"
+    best = max(record["fit"]["grid"], key=lambda r: r["recall@10"] + r["ndcg@10"])
+    assert best["recall@10"] + best["ndcg@10"] == pytest.approx(record["fit"]["valid"]["blend"]["recall@10"]
+                                                                + record["fit"]["valid"]["blend"]["ndcg@10"])
+    valid_lines = [json.loads(ln) for ln in (tmp_path / "whole" / artifacts.METRICS_JSONL).read_text().splitlines()
+                   if json.loads(ln)["kind"] == "valid"]
+    assert len(valid_lines) == 3 and all("blend_weight" in ln and "model_recall@5" in ln for ln in valid_lines)
+    # a resumed run has not seen every validation: it decodes the saved best model again, and fits the same blend
+    from gencli.core.infer.blend import Ranker, first_groups
+    from gencli.core.infer.content import ContentScorer
+
+    vocab = load_sid_vocab(vocab_path)
+    tokens = item_token_ids(CODES, vocab)
+    fresh = sft.Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
+                           ranker=Ranker(ContentScorer(emb), first_groups(tokens)))
+    again = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_recall@5"])
+    assert again == record
+    with pytest.raises(Exception, match="embed has vectors for 3 items"):
+        sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "bad", embeddings=emb[:3])
