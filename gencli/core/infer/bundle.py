@@ -63,7 +63,7 @@ def write_bundle(
         shutil.rmtree(staging)
     try:
         staging.mkdir(parents=True)
-        shutil.copytree(model_dir, staging / MODEL)
+        shutil.copytree(model_dir, staging / MODEL, copy_function=shutil.copyfile)  # modes as the umask says
         shutil.copyfile(vocab_path, staging / artifacts.SID_VOCAB)
         names = [[artifacts.sid_token(level, int(c)) for level, c in enumerate(row)] for row in codes.tolist()]
         pl.DataFrame({
