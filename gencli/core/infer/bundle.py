@@ -34,16 +34,19 @@ BUNDLE_JSON = "gencli.json"
 ITEMS = "items.parquet"
 MODEL = "model"
 ITEM_COLUMNS = ("item_id", "title", "codes")
+USERS = "users.parquet"  # optional: user_id, history (rows of items.parquet, oldest first), for batch scoring
 
 
 def write_bundle(
     out_dir: Path, model_dir: Path, vocab_path: Path, item_ids: list[str], titles: list[str], codes: np.ndarray,
-    meta: dict[str, Any], force: bool = False,
+    meta: dict[str, Any], force: bool = False, users: tuple[list[str], list[list[int]]] | None = None,
 ) -> dict[str, Any]:
     """Write the bundle into ``out_dir`` atomically (a hidden sibling folder renamed at the end); returns gencli.json.
 
     ``meta`` holds source/metrics/decode (see :func:`gencli.cli.export`). An existing non-empty ``out_dir`` is an
-    InputError unless ``force``, then it is replaced only once the new bundle is complete.
+    InputError unless ``force``, then it is replaced only once the new bundle is complete. ``users`` (user ids and
+    their histories as item rows, oldest first) are written to ``users.parquet``, so the bundle alone can score
+    every user (``gencli recommend --bundle B --output FILE``).
     """
     from gencli import __version__
 
@@ -72,6 +75,9 @@ def write_bundle(
             "sid": pl.Series(["".join(n) for n in names], dtype=pl.String),
             "codes": pl.Series(np.ascontiguousarray(codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
         }).write_parquet(staging / ITEMS)
+        if users is not None:
+            pl.DataFrame({"user_id": pl.Series(users[0], dtype=pl.String),
+                          "history": pl.Series(users[1], dtype=pl.List(pl.Int32))}).write_parquet(staging / USERS)
         paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
         files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
         digests = {p.relative_to(staging).as_posix(): _sha256(p) for p in paths}
@@ -250,6 +256,28 @@ def read_items(path: Path) -> pl.DataFrame:
     if frame["item_id"].n_unique() != frame.height or frame["item_id"].null_count():
         raise _bad(path, f"{ITEMS}: item ids repeat or are empty")
     return frame
+
+
+def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | None:
+    """users.parquet of a bundle (checked: columns, unique ids, item rows inside the catalog), or None when the
+    bundle carries no users (``export --no-users``, or a bundle of an earlier gencli)."""
+    path = follow_pointer(path)
+    file = Path(path) / USERS
+    if not file.is_file():
+        return None
+    try:
+        frame = pl.read_parquet(file)
+    except Exception as exc:  # noqa: BLE001 - polars raises several types for a damaged file
+        raise _bad(path, f"{USERS} is corrupt ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("user_id", "history") if c not in frame.columns]
+    if missing:
+        raise _bad(path, f"{USERS} lacks column(s) {', '.join(missing)}")
+    if frame["user_id"].n_unique() != frame.height or frame["user_id"].null_count():
+        raise _bad(path, f"{USERS}: user ids repeat or are empty")
+    rows = frame["history"].explode().drop_nulls()
+    if len(rows) and not (0 <= int(rows.min()) and int(rows.max()) < n_items):
+        raise _bad(path, f"{USERS}: a history names an item row outside the catalog of {n_items} items")
+    return frame["user_id"].cast(pl.String).to_list(), [list(h or []) for h in frame["history"].to_list()]
 
 
 @dataclass
