@@ -253,3 +253,16 @@ def test_user_file_and_prune(trained, catalog, tmp_path):
     assert r.exit_code == 0, r.output
     items = [i["item_id"] for i in _json(r)["recommendations"][0]["items"]]
     assert len(set(items)) == 5 and not set(items) & set(ids[:12])
+
+
+def test_docs_formats_md_describes_metrics_json_as_eval_writes_it(trained):
+    """The page showed `overall` at the top of metrics.json; it sits under `metrics` (step.json has it on top)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| `metrics.json` |"))
+    written = json.loads((trained / "eval" / "metrics.json").read_text())
+    assert "overall" not in written and "overall" in written["metrics"]
+    assert all(f"`{key}`" in row for key in written)  # every top-level key is named
+    assert all(f"`{block}`" in row.split("`metrics`: the blocks", 1)[1] for block in written["metrics"])
+    assert "overall" in json.loads((trained / "eval" / "step.json").read_text())["metrics"]
