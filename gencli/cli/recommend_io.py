@@ -156,20 +156,19 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
     if output is not None and output != "-" and Path(output).suffix.lower() not in (".parquet", ".csv", ".jsonl"):
         raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
     ws = None
-    if bundle is None or workdir is not None:  # with --bundle, an explicit --workdir gives the users' histories
-        ws = open_workspace(workdir)
-        if not (ws.root / "manifest.json").exists():
-            raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
-                             "or point --workdir (or --bundle) at a trained model")
+    if bundle is None:
+        ws = _workdir(open_workspace(workdir))
     # parse the cheap inputs before loading a model
     queries: list[tuple[Any, list[str] | None]]
     if from_stdin:
-        queries = read_queries(sys.stdin, ws is not None or _carries_users(bundle))
+        queries = read_queries(sys.stdin, bundle is None or workdir is not None or _carries_users(bundle))
     elif history is not None:
         queries = [(None, [i.strip() for i in history.split(",") if i.strip()])]
     else:
         wanted = [*users, *(_user_ids_from_file(user_file) if user_file else [])]
         queries = [(u, None) for u in wanted] if wanted else None
+    if bundle is not None and workdir is not None and (queries is None or any(h is None for _, h in queries)):
+        ws = _workdir(open_workspace(workdir))  # the bundle's model, the workdir's users and histories
     apply_threads()
     by_user_ids: dict[str, list[str]] = {}  # --bundle with --workdir: histories as ids, resolved in the bundle
     if ws is not None and bundle is None:
@@ -252,6 +251,13 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
     if output is not None:
         _write(Path(output), _jsonl(answers, frame, jsonl_shape, provenance), frame)
     _report(answers, output, rec, histories, json_mode, provenance)
+
+
+def _workdir(ws):
+    if not (ws.root / "manifest.json").exists():
+        raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
+                         "or point --workdir (or --bundle) at a trained model")
+    return ws
 
 
 def _carries_users(bundle) -> bool:

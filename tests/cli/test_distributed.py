@@ -66,7 +66,7 @@ def test_two_processes_match_one(vocab_workdir, tmp_path):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= WEIGHT_TOLERANCE
     assert sorted(p.name for p in (multi / "sft" / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
     # the doc's check compares what can differ: every step's train loss and the weights
-    compared = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench" / "dist_compare.py"),
+    compared = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench/dist_compare.py"),
                                str(single), str(multi), "--out", str(tmp_path / "d.json")], capture_output=True,
                               text=True, timeout=300)
     assert compared.returncode == 0, compared.stderr

@@ -190,6 +190,11 @@ def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catal
     broken = _run(trained, "recommend", "--bundle", str(out), "--history", history)
     assert broken.exit_code == 2 and "re-export it" in broken.output and "Traceback" not in broken.output
 
+def _bundle(bundle, *args, input=None):
+    """recommend --bundle with no workdir at all (the workdir fixture is elsewhere)."""
+    return CliRunner().invoke(cli, ["recommend", "--bundle", str(bundle), *args], input=input)
+
+
 def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_path):
     """export carries the users' histories: `recommend --bundle B --output FILE` is the batch of the serving model,
     and every output names the model that made it (the bundle's model_id, the workdir's model step)."""
@@ -198,30 +203,36 @@ def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_pa
     assert _run(trained, "export", str(out), "--json").exit_code == 0
     meta = json.loads((out / "gencli.json").read_text())
     assert "users.parquet" in meta["files"] and "users.parquet" in meta["sha256"]
-    for where, args in (("workdir", []), ("bundle", ["--bundle", str(out)])):
-        r = _run(trained, "recommend", *args, "--output", str(tmp_path / f"{where}.parquet"), "--k", "4")
-        assert r.exit_code == 0, r.output
+    r = _run(trained, "recommend", "--output", str(tmp_path / "workdir.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output
+    r = _bundle(out, "--output", str(tmp_path / "bundle.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output
+    r = _run(trained, "recommend", "--bundle", str(out), "--output", str(tmp_path / "both.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output  # the bundle's model, the workdir's histories: here the same ones
     a, b = (pl.read_parquet(tmp_path / f"{w}.parquet") for w in ("workdir", "bundle"))
+    assert pl.read_parquet(tmp_path / "both.parquet").drop("created").equals(b.drop("created"))
     assert a.height == 4 * len(seen) and a["user_id"].n_unique() == len(seen)
     assert a.select("user_id", "rank", "item_id", "title", "model", "run").equals(
         b.select("user_id", "rank", "item_id", "title", "model", "run"))
     assert b["score"].to_list() == pytest.approx(a["score"].to_list(), abs=1e-4)
     assert set(b["model"]) == {meta["model_id"]} and meta["model_id"].startswith("sft@")
     user = sorted(seen)[0]
-    one = _json(_run(trained, "recommend", "--bundle", str(out), "--user", user, "--k", "4", "--json"))
+    one = _json(_bundle(out, "--user", user, "--k", "4", "--json"))
     assert [i["item_id"] for i in one["recommendations"][0]["items"]] == \
         a.filter(pl.col("user_id") == user)["item_id"].to_list()
     assert one["model"] == meta["model_id"] and one["run"] == trained.name
-    r = _run(trained, "recommend", "--bundle", str(out), "--user", "nobody-knows")
+    r = _bundle(out, "--user", "nobody-knows")
     assert r.exit_code == 2 and "not in the bundle" in r.output
     bare = tmp_path / "bare"
     assert _run(trained, "export", str(bare), "--no-users").exit_code == 0
     assert not (bare / "users.parquet").exists()
-    r = _run(trained, "recommend", "--bundle", str(bare), "--output", str(tmp_path / "x.parquet"))
+    r = _bundle(bare, "--output", str(tmp_path / "x.parquet"))
     assert r.exit_code == 2 and "carries no user histories" in r.output
-    r = _run(trained, "recommend", "--bundle", str(bare), "--history", ids[0], "--json")
+    r = _bundle(bare, "--history", ids[0], "--json")
     assert r.exit_code == 0, r.output
-    r = _run(trained, "recommend", "--bundle", str(bare))
+    r = _bundle(bare, "--history", ids[0], "--workdir", str(tmp_path / "none"), "--json")
+    assert r.exit_code == 0, r.output  # explicit histories: the workdir is not read
+    r = _bundle(bare)
     assert r.exit_code == 2 and "--output FILE for every user the bundle carries" in r.output
 
 
