@@ -77,10 +77,24 @@ def source_digests(ws, step: str) -> dict[str, str]:
             if manifest.get(name) and manifest.get(name).get("status") == "done"}
 
 
-def model_id(step: str, digest: str) -> str:
-    """What names a model wherever it is: its step and the digest of that step's outputs (``sft@3f2a9c1d0b7e``).
-    A workdir's model and the bundle exported from it have the same id; it is every recommendation's ``model``."""
-    return f"{step}@{digest[:12]}"
+def model_id(step: str, files: dict[str, str]) -> str:
+    """What names a model wherever it is: its step and a digest of its files (``sft@3f2a9c1d0b7e``): the sha256 of
+    every ``model/...`` file and of ``sid_vocab.json``, by relative path (``files``: path -> sha256, as a step's
+    ``step.json`` outputs and a bundle's ``gencli.json`` list them). A workdir's model and the bundle exported from
+    it have the same id, and so do two runs that trained the same weights; it is every recommendation's ``model``."""
+    import hashlib
+
+    from gencli.core import artifacts
+
+    picked = sorted((path, digest) for path, digest in files.items()
+                    if path.startswith(f"{artifacts.MODEL_DIR}/") or path == artifacts.SID_VOCAB)
+    listing = "".join(f"{path}\t{digest}\n" for path, digest in picked)
+    return f"{step}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
+
+
+def step_model_id(ws, step: str) -> str:
+    """:func:`model_id` of a workdir's model step, from its ``step.json``."""
+    return model_id(step, {o["path"]: o["sha256"] for o in ws.step_record(step).get("outputs", [])})
 
 
 def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: bool, users: bool = True) -> dict:
@@ -109,7 +123,7 @@ def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: b
             if name == step or record["metrics"].get("model_step") == step:  # only scores of this very model
                 metrics[name] = record["metrics"]
     meta = {
-        "model_id": model_id(step, digests[step]),
+        "model_id": step_model_id(ws, step),
         "source": {"model_step": step, "steps": digests, "workdir": str(ws.root.resolve())},
         "metrics": metrics,
         "decode": {"max_history": max_history or trained_history(ws, step), "k": DEFAULT_K, "beams": DEFAULT_BEAMS,

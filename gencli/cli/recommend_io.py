@@ -63,11 +63,11 @@ def long_frame(rec, user_ids: list, ranked, provenance: dict[str, Any] | None = 
 
 
 def workdir_provenance(ws, model_step: str) -> dict[str, Any]:
-    """``model`` (the id of the model step: the same as the bundle exported from it) and ``run`` (the workdir)."""
-    from gencli.cli.export import model_id
+    """``model`` (the id of the model step's files: the same as the bundle exported from it) and ``run`` (the
+    workdir)."""
+    from gencli.cli.export import step_model_id
 
-    entry = ws.manifest.get(model_step) or {}
-    return {"model": model_id(model_step, str(entry.get("digest", ""))), "run": ws.root.resolve().name}
+    return {"model": step_model_id(ws, model_step), "run": ws.root.resolve().name}
 
 
 def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
@@ -75,8 +75,9 @@ def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
     from gencli.cli.export import model_id
 
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    step, steps = source.get("model_step"), source.get("steps") if isinstance(source.get("steps"), dict) else {}
-    model = meta.get("model_id") or (model_id(step, str(steps[step])) if step in steps else None)
+    files = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
+    step = source.get("model_step")
+    model = meta.get("model_id") or (model_id(str(step), files) if step and files else None)  # older bundles
     return {"model": model, "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
 
 

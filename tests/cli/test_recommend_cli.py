@@ -25,6 +25,16 @@ def _json(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _model_id(workdir, step="sft"):
+    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files and sid_vocab.json."""
+    import hashlib
+
+    outputs = json.loads((workdir / step / "step.json").read_text())["outputs"]
+    listing = sorted((o["path"], o["sha256"]) for o in outputs
+                     if o["path"].startswith("model/") or o["path"] == "sid_vocab.json")
+    return f"{step}@" + hashlib.sha256("".join(f"{p}\t{d}\n" for p, d in listing).encode()).hexdigest()[:12]
+
+
 @pytest.fixture(scope="module")
 def trained(embedded_workdir, tmp_path_factory):
     wd = tmp_path_factory.mktemp("recommend") / "work"
@@ -56,8 +66,7 @@ def test_recommend_step_writes_every_users_top_k_unseen(trained, catalog):
     assert payload["metrics"]["max_history"] == 5  # as sft trained
     recs = pl.read_parquet(trained / "recommend" / "recommendations.parquet")
     assert recs.columns == ["user_id", "rank", "item_id", "score", "title", "model"]
-    digest = json.loads((trained / "manifest.json").read_text())["steps"]["sft"]["digest"]
-    assert set(recs["model"]) == {f"sft@{digest[:12]}"} == {payload["metrics"]["model"]}  # which model made it
+    assert set(recs["model"]) == {_model_id(trained)} == {payload["metrics"]["model"]}  # which model made it
     per_user = recs.group_by("user_id").agg(pl.col("item_id"), pl.col("rank"), pl.col("score"))
     assert per_user.height == len(seen)
     for row in per_user.iter_rows(named=True):
@@ -92,8 +101,7 @@ def test_stdin_keeps_order_and_matches_user_mode(trained, catalog):
     assert [a["user_id"] for a in answers] == [users[2], "new", users[0]]
     assert all(len(a["items"]) == 4 and set(a["items"][0]) == {"item_id", "score", "title", "rank"} for a in answers)
     assert all([i["rank"] for i in a["items"]] == [1, 2, 3, 4] for a in answers)
-    digest = json.loads((trained / "manifest.json").read_text())["steps"]["sft"]["digest"]
-    assert {a["model"] for a in answers} == {f"sft@{digest[:12]}"}  # each line says which model answered
+    assert {a["model"] for a in answers} == {_model_id(trained)}  # each line says which model answered
     assert answers[1]["history_used"] == 2 and answers[0]["run"] == trained.name and answers[0]["created"]
     assert not {i["item_id"] for i in answers[1]["items"]} & {ids[0], ids[1]}
     single = _json(_run(trained, "recommend", "--user", users[0], "--k", "4", "--json"))
@@ -215,7 +223,7 @@ def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_pa
     assert a.select("user_id", "rank", "item_id", "title", "model", "run").equals(
         b.select("user_id", "rank", "item_id", "title", "model", "run"))
     assert b["score"].to_list() == pytest.approx(a["score"].to_list(), abs=1e-4)
-    assert set(b["model"]) == {meta["model_id"]} and meta["model_id"].startswith("sft@")
+    assert set(b["model"]) == {meta["model_id"]} == {_model_id(trained)}
     user = sorted(seen)[0]
     one = _json(_bundle(out, "--user", user, "--k", "4", "--json"))
     assert [i["item_id"] for i in one["recommendations"][0]["items"]] == \
