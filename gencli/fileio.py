@@ -1,10 +1,16 @@
 """Durable small writes shared by the workspace and the core: a JSON file replaced atomically, and the folder
-entry made durable. A kill at any instant leaves the old file or the new one, never a mix."""
+entry made durable. A kill at any instant leaves the old file or the new one, never a mix.
+
+File modes follow the process umask (0644 files and 0755 folders under the usual 022), so a service running as
+another account can read what gencli wrote. Two writers do not: ``tempfile.mkstemp`` creates 0600 files, and
+safetensors (the weights of every model folder) writes 0600 files whatever the umask; :func:`follow_umask` is
+applied after each of them."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,11 +31,48 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def umask() -> int:
+    """The process umask, read without changing it where Linux shows it (/proc), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give ``path`` (a file, or a folder and everything under it) the modes a plain ``open``/``mkdir`` would have:
+    files 0666 & ~umask (0777 & ~umask when the owner may execute them), folders 0777 & ~umask. Links are left
+    alone; entries of other accounts (where chmod is not allowed) too."""
+    mask = umask()
+    path = Path(path)
+    entries = [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]
+    for entry in entries:
+        try:
+            st = entry.lstat()
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else 0o666
+        want = full & ~mask
+        if stat.S_IMODE(st.st_mode) != want:
+            try:
+                os.chmod(entry, want)
+            except PermissionError:
+                pass
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON to a temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600: the manifest and step.json follow the umask
         with os.fdopen(fd, "w") as f:
             json.dump(value, f, indent=2, sort_keys=False, default=str)
             f.write("\n")

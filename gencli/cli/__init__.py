@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 
 import click
 
@@ -56,12 +57,14 @@ def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None
               callback=_check_threads,
               help="CPU threads torch may use per gencli process (0 = torch default); lower it when several jobs "
                    "share a few cores.")
-def cli(threads: int | None) -> None:
+@click.pass_context
+def cli(ctx: click.Context, threads: int | None) -> None:
     """Generative recommendation with semantic IDs: catalog + logs -> a causal LM that emits the next item's SID.
 
     Steps share a workdir (--workdir, default ./gencli-work or $GENCLI_WORKDIR) and pass
     artifacts through its manifest. Exit codes: 0 ok, 1 failure, 2 bad input, 3 workdir locked,
-    130 interrupted. Every command is documented in docs/cli.md.
+    4 `run --promote` finished but did not promote (docs/cron.md), 130 interrupted. Every command
+    is documented in docs/cli.md.
 
     \b
     Examples:
@@ -73,6 +76,10 @@ def cli(threads: int | None) -> None:
     # The environment carries it to the steps `gencli run` invokes in-process.
     if threads is not None:
         os.environ["GENCLI_THREADS"] = str(threads)
+    if ctx.invoked_subcommand is not None:
+        from gencli.cli.common import refuse_torchrun
+
+        refuse_torchrun(ctx.invoked_subcommand, "--json" in sys.argv)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ rendering, and turning errors into exit codes.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -90,13 +91,11 @@ def execute(
     quiet_libraries()
     from gencli.workspace import default_workdir
 
+    ranks: list[list[Any]] = []
     if dist.launched():
-        if step not in dist.STEPS:
-            if os.environ.get("RANK", "0") != "0":  # rank 0 says it once and fails the job; a rank failing first
-                sys.exit(0)  # would make torchrun kill rank 0 before it printed why
-            fail(InputError(f"gencli {step} runs in one process; torchrun runs {', '.join(dist.STEPS)}: run "
-                            f"`gencli {step}` without torchrun"), json_mode)
+        refuse_torchrun(step, json_mode)
         dist.start(getattr(cfg, "device", "auto"))
+        ranks = dist.gather([socket.gethostname(), os.getpid()])  # .lock names them: what to kill, and where
         if not dist.is_main():
             return follow(workdir, body, upstream)
     told = False
@@ -118,6 +117,8 @@ def execute(
             upstream = registered(step)
         ups = upstream(ws) if callable(upstream) else upstream
         run = ws.begin(step, params, ups, files=files, force=force, resume=resume)
+        if ranks and ws.lock is not None:
+            ws.lock.note(ranks=ranks)
         tell({"up_to_date": run.up_to_date, "resume": run.resume})
         if run.up_to_date:
             ws.release()
@@ -152,6 +153,20 @@ def execute(
         print_step_result(step, "done", metrics, record["timing"]["seconds"], str(ws.step_dir(step)))
     dist.stop()
     return metrics
+
+
+def refuse_torchrun(command: str, json_mode: bool) -> None:
+    """Under torchrun, a command that runs in one process (every one but the steps in ``dist.STEPS``) stops before
+    any work: rank 0 says so once with exit 2; the other ranks leave quietly (a rank failing first would make
+    torchrun kill rank 0 before it printed why). A no-op outside torchrun and for the distributed steps."""
+    from gencli.core import dist
+
+    if not dist.launched() or command in dist.STEPS:
+        return
+    if os.environ.get("RANK", "0") != "0":
+        sys.exit(0)
+    fail(InputError(f"gencli {command} runs in one process; torchrun runs {', '.join(dist.STEPS)}: run "
+                    f"`gencli {command}` without torchrun"), json_mode)
 
 
 def follow(workdir: Path | None, body: Callable[[Any, Any, Any], dict[str, Any]],

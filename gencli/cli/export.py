@@ -16,11 +16,14 @@ from gencli.config.model import SFT_MAX_HISTORY
               show_default=True, help="Whose model (auto = the most trained finished step).")
 @click.option("--max-history", type=int, default=0, show_default=True,
               help=f"Prompt length recorded as the bundle's default (0 = as in sft training, else {SFT_MAX_HISTORY}).")
+@click.option("--users/--no-users", default=True, show_default=True,
+              help="Also write users.parquet (every workdir user's history), so `recommend --bundle DIR --output "
+                   "FILE` scores all users with this model.")
 @click.option("--force", is_flag=True, help="Replace DIR when it already holds files.")
 @workdir_option
 @JSON_OPTION
-def export(out_dir, model_step, max_history, force, workdir, json_mode):
-    """Write DIR: model/ (plain HF model + tokenizer), items.parquet, sid_vocab.json and gencli.json.
+def export(out_dir, model_step, max_history, users, force, workdir, json_mode):
+    """Write DIR: model/ (plain HF model + tokenizer), items.parquet, users.parquet, sid_vocab.json and gencli.json.
 
     Nothing in DIR points back to the workdir: copy it to another machine and run
     `gencli recommend --bundle DIR ...` or `Recommender.load(DIR)` there.
@@ -29,6 +32,7 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
     Examples:
       gencli export ./shop-model
       gencli recommend --bundle ./shop-model --history i0001,i0042 --k 5
+      gencli recommend --bundle ./shop-model --output recs.parquet
     """
     from gencli.cli.common import open_workspace, quiet_libraries
     from gencli.errors import InputError
@@ -45,7 +49,7 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
             raise InputError(f"{out_dir} is inside the workdir {ws.root}; export to a folder outside it")
         if out_dir.resolve() in ws.root.resolve().parents:
             raise InputError(f"{out_dir} holds the workdir {ws.root}; export to a folder outside it")
-        manifest = export_bundle(ws, out_dir, model_step, max_history, force)
+        manifest = export_bundle(ws, out_dir, model_step, max_history, force, users=users)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode)
     size = sum(manifest["files"].values())
@@ -53,7 +57,7 @@ def export(out_dir, model_step, max_history, force, workdir, json_mode):
         from gencli.ui.output import emit_json
 
         emit_json({"status": "done", "dir": str(out_dir), "items": manifest["items"], "bytes": size,
-                   "source": manifest["source"], "decode": manifest["decode"]})
+                   "model_id": manifest["model_id"], "source": manifest["source"], "decode": manifest["decode"]})
         return
     from gencli.ui.output import console
 
@@ -73,7 +77,27 @@ def source_digests(ws, step: str) -> dict[str, str]:
             if manifest.get(name) and manifest.get(name).get("status") == "done"}
 
 
-def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: bool) -> dict:
+def model_id(step: str, files: dict[str, str]) -> str:
+    """What names a model wherever it is: its step and a digest of its files (``sft@3f2a9c1d0b7e``): the sha256 of
+    every ``model/...`` file, of ``sid_vocab.json`` and of ``blend.json`` (how it ranks), by relative path (``files``: path -> sha256, as a step's
+    ``step.json`` outputs and a bundle's ``gencli.json`` list them). A workdir's model and the bundle exported from
+    it have the same id, and so do two runs that trained the same weights; it is every recommendation's ``model``."""
+    import hashlib
+
+    from gencli.core import artifacts
+
+    picked = sorted((path, digest) for path, digest in files.items()
+                    if path.startswith(f"{artifacts.MODEL_DIR}/") or path in (artifacts.SID_VOCAB, artifacts.BLEND))
+    listing = "".join(f"{path}\t{digest}\n" for path, digest in picked)
+    return f"{step}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
+
+
+def step_model_id(ws, step: str) -> str:
+    """:func:`model_id` of a workdir's model step, from its ``step.json``."""
+    return model_id(step, {o["path"]: o["sha256"] for o in ws.step_record(step).get("outputs", [])})
+
+
+def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: bool, users: bool = True) -> dict:
     import polars as pl
 
     from gencli.cli.inputs import item_codes, model_artifacts, pick_model_step, trained_history
@@ -102,19 +126,19 @@ def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: b
     from gencli.core.sid import embed
 
     vectors = embed.load_embeddings(ws.input_dir("embed", "export"))
-    blend_file = ws.input_dir(step, "export") / artifacts.BLEND
-    ranking = {"blends": None}  # no fitted blend (a cpt or init-vocab model): the model alone, content beside it
-    if blend_file.is_file():
-        import json
-
-        record = json.loads(blend_file.read_text(encoding="utf-8"))
-        ranking = {"blends": record.get("blends"), "fit": record.get("fit")}
+    blend_file = ws.input_dir(step, "export") / artifacts.BLEND  # absent (cpt, init-vocab): the model alone ranks
     meta = {
+        "model_id": step_model_id(ws, step),
         "source": {"model_step": step, "steps": digests, "workdir": str(ws.root.resolve())},
         "metrics": metrics,
         "decode": {"max_history": max_history or trained_history(ws, step), "k": DEFAULT_K, "beams": DEFAULT_BEAMS,
                    "exclude_seen": True},
-        "ranking": ranking,
     }
+    histories = None
+    if users:
+        from gencli.cli.recommend_io import workdir_histories
+
+        histories = workdir_histories(ws)
     return write_bundle(out_dir, model_dir, vocab_path, items["item_id"].cast(pl.String).to_list(),
-                        items["title"].cast(pl.String).to_list(), codes, meta, force=force, embeddings=vectors)
+                        items["title"].cast(pl.String).to_list(), codes, meta, force=force, users=histories,
+                        embeddings=vectors, blend=blend_file if blend_file.is_file() else None)

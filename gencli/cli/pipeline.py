@@ -28,6 +28,7 @@ import click
 from gencli.cli.common import fail, workdir_option
 from gencli.cli.options import config_options
 from gencli.config import RunConfig
+from gencli.errors import EXIT_NOT_PROMOTED
 
 # Options that name files: resolved relative to the config file's folder.
 PATH_OPTIONS = {"items", "interactions", "codebooks-from", "model", "reuse-from", "warm-start"}
@@ -153,9 +154,18 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
         check_args(step_argv, config)
     except Exception as e:  # noqa: BLE001
         fail(e, json_mode)
+    from gencli.ui.progress import log_event
+
     summary: list[dict[str, Any]] = []
     started = time.time()
-    for step in pipeline["steps"]:
+    # with --promote, the steps that write what batch consumers read run only once this run's model serves: a night
+    # that is not promoted leaves no recommendations.parquet that looks current
+    deferred = [s for s in pipeline["steps"] if s in SERVING_STEPS] if run_cfg.promote else []
+    log_event(f"gencli run {config}: started; workdir {root}; steps {', '.join(pipeline['steps'])}"
+              + (f"; previous {previous}" if previous else "") + (f"; promote {run_cfg.promote}" if run_cfg.promote
+                                                                  else ""))
+
+    def run_one(step: str) -> None:
         args = [step, *step_argv[step]]
         if workdir:
             args += ["--workdir", str(workdir)]
@@ -163,25 +173,38 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
             args.append("--force")
         if json_mode:
             args.append("--json")
-        elif step != pipeline["steps"][0]:
+        elif summary:
             click.echo("")
         t0 = time.time()
+        before = _finished(root, step)
+        log_event(f"step {step}: started")
         code, result = _run_step(cli, args, json_mode)
         if code == -1:  # a bad option in the config
             fail(InputError(f"step '{step}' in {config}: {result['error']}"), json_mode)
         entry = {"step": step, "seconds": round(time.time() - t0, 2)}
         if json_mode:
             entry.update({k: v for k, v in result.items() if k != "step"})
+        if code:
+            entry["status"] = f"failed (exit {code})"
+        elif entry.get("status") not in ("done", "up-to-date"):  # without --json: from the manifest
+            entry["status"] = "up-to-date" if before is not None and _finished(root, step) == before else "done"
+        log_event(f"step {step}: {entry['status']} in {entry['seconds']:.1f} s")
         summary.append(entry)
         if code:
+            line = summary_line(summary, None)
+            log_event(f"gencli run: stopped at '{step}', exit {code} after {time.time() - started:.1f} s; {line}")
             if json_mode:
                 from gencli.ui.output import emit_json
 
                 emit_json({"status": "error", "exit_code": code, "failed_step": step, "error": result.get("error"),
-                           "seconds": round(time.time() - started, 2), "steps": summary})
+                           "seconds": round(time.time() - started, 2), "steps": summary, "summary": line})
             else:
                 click.echo(f"pipeline stopped at '{step}' (exit {code})", err=True)
             sys.exit(code)
+
+    for step in pipeline["steps"]:
+        if step not in deferred:
+            run_one(step)
     extra: dict[str, Any] = {}
     try:
         from gencli.cli.retrain import promote, record_previous, retrain_report
@@ -190,15 +213,56 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
         if previous is not None:
             extra["retrain"] = retrain_report(root, previous, run_cfg.requantize)
         if run_cfg.promote:
+            log_event(f"promotion: scoring this run's bundle against {run_cfg.promote}")
             extra["promotion"] = promote(root, Path(run_cfg.promote), run_cfg.promote_tolerance,
                                          run_cfg.promote_users, run_cfg.keep_bundles)
+            decision = extra["promotion"]
+            log_event(f"promotion: {'promoted' if decision['promoted'] else 'not promoted'}: {decision['reason']}")
     except Exception as e:  # noqa: BLE001
+        log_event(f"gencli run: failed after the steps ({type(e).__name__}); {summary_line(summary, None)}")
         fail(e, json_mode)
-    _print_results(workdir, summary, time.time() - started, json_mode, extra)
-    if "promotion" in extra and not extra["promotion"]["promoted"]:
-        from gencli.errors import EXIT_NOT_PROMOTED
+    for step in deferred:
+        if extra["promotion"]["promoted"]:
+            run_one(step)
+        else:
+            summary.append({"step": step, "seconds": 0.0, "status": "skipped",
+                            "reason": "not promoted: this run's model does not serve, so its recommendations would "
+                                      f"not be what {run_cfg.promote} answers (`gencli recommend --bundle "
+                                      f"{run_cfg.promote} --output FILE` scores the serving model)"})
+            log_event(f"step {step}: skipped (not promoted)")
+    line = summary_line(summary, extra.get("promotion"))
+    code = EXIT_NOT_PROMOTED if "promotion" in extra and not extra["promotion"]["promoted"] else 0
+    log_event(f"gencli run: finished, exit {code} after {time.time() - started:.1f} s; {line}")
+    _print_results(workdir, summary, time.time() - started, json_mode, {**extra, "summary": line})
+    if code:
+        sys.exit(code)
 
-        sys.exit(EXIT_NOT_PROMOTED)
+
+SERVING_STEPS = ("recommend",)
+"""Steps whose output batch consumers take as what serves: with --promote they run after a promotion, and not at
+all when the run is not promoted."""
+
+
+def _finished(root: Path, step: str) -> str | None:
+    """When ``step`` last finished in the workdir's manifest (None before its first run)."""
+    from gencli.workspace.manifest import Manifest
+
+    if not (root / "manifest.json").is_file():
+        return None
+    try:
+        entry = Manifest(root).get(step)
+    except Exception:  # noqa: BLE001 - a damaged manifest is the step's own error to report
+        return None
+    return entry.get("finished") if entry else None
+
+
+def summary_line(summary: list[dict[str, Any]], promotion: dict[str, Any] | None) -> str:
+    """One line for a log: each step's status, then the promotion decision (``summary`` of ``run --json``)."""
+    steps = ", ".join(f"{s['step']} {s['status']}" for s in summary) or "no step ran"
+    if promotion is None:
+        return f"steps: {steps}"
+    verdict = "promoted" if promotion["promoted"] else "not promoted"
+    return f"steps: {steps}; promotion: {verdict} ({promotion['reason']})"
 
 
 def _run_config(ctx: click.Context, pipeline: dict[str, Any], options: dict[str, Any], base: Path) -> RunConfig:
@@ -293,7 +357,7 @@ def _print_results(workdir: Path | None, summary: list[dict], seconds: float, js
                 f"{r.get('items_added', '-')}, removed {r.get('items_removed', '-')}, SID changed "
                 f"{r.get('sid_changed', '-')}; embedded {r.get('embed.items_encoded', '-')} (reused "
                 f"{r.get('embed.items_reused', '-')}); init-vocab warm start from {r.get('init-vocab.warm_start_from')}")
-    if "promotion" in extra:
+    if extra.get("promotion"):
         p = extra["promotion"]
         verdict = "[green]promoted[/green]" if p["promoted"] else "[yellow]not promoted[/yellow] (exit 4)"
         c.print(f"{verdict}: {p['reason']}; bundle {p['bundle']}")

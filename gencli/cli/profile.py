@@ -71,8 +71,8 @@ def _print_table(metrics: dict) -> None:
         value = row.get(key)
         if value is None:
             return ""
-        if key.endswith("reduction"):
-            return f"{100 * value:.0f}%"
+        if key.endswith("reduction"):  # shown as the change: more memory than the reference is "+34%"
+            return f"{-100 * value:+.0f}%"
         return f"{value:.2f}x" if key == "speedup" else _fmt(value)
 
     header = (f"{metrics['steps']} steps x batch {metrics['batch_size']} on {metrics['device']}, "
@@ -81,8 +81,8 @@ def _print_table(metrics: dict) -> None:
         (f"profile time ({header})", [("variant", "variant"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
                                       ("step s", "step_s"), ("data s", "data_s"), ("fwd s", "forward_s"),
                                       ("bwd s", "backward_s"), ("optim s", "optimizer_s")]),
-        ("profile memory", [("variant", "variant"), ("peak MB", "peak_mem_mb"), ("peak -%", "mem_reduction"),
-                            ("activations MB", "activation_mb"), ("activ. -%", "activation_reduction"),
+        ("profile memory", [("variant", "variant"), ("peak MB", "peak_mem_mb"), ("peak vs ref", "mem_reduction"),
+                            ("activations MB", "activation_mb"), ("activ. vs ref", "activation_reduction"),
                             ("loss", "loss")]),
     ]
     out = console()

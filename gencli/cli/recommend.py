@@ -34,10 +34,14 @@ def _options(f):
                      help='Read JSON Lines {"user_id": ..., "history": [item ids]} from stdin; answers keep their '
                           "order (history may be left out for a workdir user)."),
         click.option("--bundle", type=click.Path(path_type=Path), default=None,
-                     help="Use a folder written by `gencli export` (or a pointer file holding its path, as "
-                          "`run --promote` keeps) instead of a workdir."),
+                     help="Use the model of a folder written by `gencli export` (or a pointer file holding its path, "
+                          "as `run --promote` keeps) instead of a workdir's; users and histories come from the "
+                          "bundle, or from --workdir when it is given."),
         click.option("--output", default=None, metavar="FILE",
                      help="Write .parquet, .csv or .jsonl (by extension); '-' streams JSON Lines to stdout."),
+        click.option("--jsonl-shape", type=click.Choice(["user", "item"]), default="user", show_default=True,
+                     help="JSON Lines (.jsonl, '-'): one object per user with its list of items, or one per "
+                          "recommended item (the columns of the .parquet/.csv table)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -46,7 +50,8 @@ def _options(f):
 
 @click.command("recommend")
 @_options
-def recommend(users, user_file, history, from_stdin, bundle, output, workdir, json_mode, force, **options):
+def recommend(users, user_file, history, from_stdin, bundle, output, jsonl_shape, workdir, json_mode, force,
+              **options):
     """Top-K recommendations per user (item_id, score, title): the output a shop or a site shows.
 
     \b
@@ -57,6 +62,7 @@ def recommend(users, user_file, history, from_stdin, bundle, output, workdir, js
       gencli recommend --output recs.csv            # every user, to a file
       gencli recommend --stdin --output - < queries.jsonl
       gencli recommend --bundle ./shop-model --history i0001,i0042
+      gencli recommend --bundle ./shop-model --output recs.parquet   # every user the bundle carries
     """
     from gencli.config import RecommendConfig
 
@@ -64,9 +70,9 @@ def recommend(users, user_file, history, from_stdin, bundle, output, workdir, js
     selectors = [name for name, given in (("--user/--user-file", bool(users) or user_file is not None),
                                           ("--history", history is not None), ("--stdin", from_stdin)) if given]
     require(len(selectors) <= 1, f"give at most one of {', '.join(selectors)}", json_mode)
-    require(bundle is None or not (users or user_file),
-            "a bundle holds no users: with --bundle give --history or --stdin", json_mode)
-    require(bundle is None or selectors, "with --bundle give --history or --stdin (a bundle holds no users)", json_mode)
+    require(bundle is None or selectors or output is not None,
+            "with --bundle give --user/--user-file, --history or --stdin, or --output FILE for every user the bundle "
+            "carries", json_mode)
     if not selectors and bundle is None and output is None:
         _run_step(cfg, workdir, json_mode, force)
         return
@@ -80,7 +86,8 @@ def recommend(users, user_file, history, from_stdin, bundle, output, workdir, js
     from gencli.cli import recommend_io
 
     try:
-        recommend_io.adhoc(cfg, workdir, bundle, list(users), user_file, history, from_stdin, output, json_mode)
+        recommend_io.adhoc(cfg, workdir, bundle, list(users), user_file, history, from_stdin, output, json_mode,
+                           jsonl_shape)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode)
 
@@ -96,7 +103,7 @@ def _run_step(cfg, workdir, json_mode: bool, force: bool) -> None:
     def body(run, ws, progress):
         import time
 
-        from gencli.cli.recommend_io import long_frame, workdir_histories, workdir_recommender
+        from gencli.cli.recommend_io import long_frame, workdir_histories, workdir_provenance, workdir_recommender
 
         rec = workdir_recommender(ws, cfg, chosen["step"])
         user_ids, histories = workdir_histories(ws)
@@ -104,10 +111,11 @@ def _run_step(cfg, workdir, json_mode: bool, force: bool) -> None:
         ranked = rec.rank(histories, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
                           prune=cfg.stamp if cfg.stamp.sap else None, progress=progress)
         seconds = time.perf_counter() - started
-        long_frame(rec, user_ids, ranked).write_parquet(run.out_dir / RECOMMENDATIONS)
+        model = workdir_provenance(ws, chosen["step"])["model"]  # no time or path: the same inputs, the same bytes
+        long_frame(rec, user_ids, ranked, {"model": model}).write_parquet(run.out_dir / RECOMMENDATIONS)
         found = ranked.items >= 0
         distinct = len(set(ranked.items[found].tolist()))
-        return {"model_step": chosen["step"], "users": len(user_ids), "k": cfg.k, "max_history": rec.max_history,
+        return {"model_step": chosen["step"], "model": model, "users": len(user_ids), "k": cfg.k, "max_history": rec.max_history,
                 "exclude_seen": cfg.exclude_seen, "short_lists": int((found.sum(axis=1) < cfg.k).sum()),
                 "distinct_items": distinct, "catalog_coverage": round(distinct / len(rec), 4),
                 "decode_seconds": round(seconds, 3), "users_per_s": round(len(user_ids) / max(seconds, 1e-9), 2)}

@@ -49,8 +49,9 @@ def workdir_histories(ws) -> tuple[list[str], list[list[int]]]:
     return per_user["user_id"].cast(pl.String).to_list(), [list(h) for h in per_user["item_idx"].to_list()]
 
 
-def long_frame(rec, user_ids: list, ranked) -> pl.DataFrame:
-    """user_id, rank (1 = best), item_id, score, title: one row per recommended item."""
+def long_frame(rec, user_ids: list, ranked, provenance: dict[str, Any] | None = None) -> pl.DataFrame:
+    """user_id, rank (1 = best), item_id, score, title: one row per recommended item; then ``provenance`` (which
+    model made it, and for a query its source and time) as constant columns."""
     rows: dict[str, list] = {"user_id": [], "rank": [], "item_id": [], "score": [], "title": []}
     for user, items, scores in zip(user_ids, ranked.items, ranked.scores, strict=True):
         for rank, item in enumerate(rec.to_recommendations(items, scores), start=1):
@@ -59,8 +60,34 @@ def long_frame(rec, user_ids: list, ranked) -> pl.DataFrame:
             rows["item_id"].append(item.item_id)
             rows["score"].append(item.score)
             rows["title"].append(item.title)
-    return pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String,
-                                      "score": pl.Float32, "title": pl.String})
+    frame = pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String,
+                                       "score": pl.Float32, "title": pl.String})
+    return frame.with_columns(pl.lit(v, dtype=pl.String).alias(k) for k, v in (provenance or {}).items())
+
+
+def workdir_provenance(ws, model_step: str) -> dict[str, Any]:
+    """``model`` (the id of the model step's files: the same as the bundle exported from it) and ``run`` (the
+    workdir)."""
+    from gencli.cli.export import step_model_id
+
+    return {"model": step_model_id(ws, model_step), "run": ws.root.resolve().name}
+
+
+def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
+    """``model`` and ``run`` of a bundle, from its gencli.json (the run is the workdir it was exported from)."""
+    from gencli.cli.export import model_id
+
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    files = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
+    step = source.get("model_step")
+    model = meta.get("model_id") or (model_id(str(step), files) if step and files else None)  # older bundles
+    return {"model": model, "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
+
+
+def _created() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _stdin_lines(stream):
@@ -124,7 +151,7 @@ def _user_ids_from_file(path: Path) -> list[str]:
     return ids
 
 
-def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, json_mode) -> None:
+def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, json_mode, jsonl_shape="user") -> None:
     """Answer a query without recording a step: resolve the histories, decode, write or print."""
     from gencli.cli.common import apply_threads, open_workspace, quiet_libraries
     from gencli.ui.progress import make_progress
@@ -134,29 +161,29 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
         raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
     ws = None
     if bundle is None:
-        ws = open_workspace(workdir)
-        if not (ws.root / "manifest.json").exists():
-            raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
-                             "or point --workdir (or --bundle) at a trained model")
+        ws = _workdir(open_workspace(workdir))
     # parse the cheap inputs before loading a model
     queries: list[tuple[Any, list[str] | None]]
     if from_stdin:
-        queries = read_queries(sys.stdin, ws is not None)
+        queries = read_queries(sys.stdin, bundle is None or workdir is not None or _carries_users(bundle))
     elif history is not None:
         queries = [(None, [i.strip() for i in history.split(",") if i.strip()])]
     else:
         wanted = [*users, *(_user_ids_from_file(user_file) if user_file else [])]
         queries = [(u, None) for u in wanted] if wanted else None
+    if bundle is not None and workdir is not None and (queries is None or any(h is None for _, h in queries)):
+        ws = _workdir(open_workspace(workdir))  # the bundle's model, the workdir's users and histories
     apply_threads()
-    if ws is not None:
+    by_user_ids: dict[str, list[str]] = {}  # --bundle with --workdir: histories as ids, resolved in the bundle
+    if ws is not None and bundle is None:
         from gencli.cli.inputs import pick_model_step
 
-        rec = workdir_recommender(ws, cfg, pick_model_step(ws, cfg.model_step, "recommend"))
+        step = pick_model_step(ws, cfg.model_step, "recommend")
+        rec = workdir_recommender(ws, cfg, step)
+        provenance = workdir_provenance(ws, step)
         user_ids, known = workdir_histories(ws)
-        by_user = dict(zip(user_ids, known, strict=True))
-        if queries is None:  # every user (--output without a selector)
-            queries = [(u, None) for u in user_ids]
-    else:
+    elif ws is not None:
+        from gencli.core.data import tables
         from gencli.core.infer.recommend import Recommender
 
         rec = Recommender.load(bundle, cfg.device, cfg.dtype)
@@ -165,13 +192,36 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
             rec.ranker = dataclasses.replace(rec.ranker, blends=None)
         if cfg.max_history:
             rec.max_history = cfg.max_history
-        by_user = {}
+        provenance = bundle_provenance(rec.metadata)
+        item_ids = tables.load_items(ws.input_dir("ingest", "recommend"))["item_id"].cast(pl.String).to_list()
+        user_ids, known = workdir_histories(ws)
+        by_user_ids = {u: [item_ids[i] for i in h] for u, h in zip(user_ids, known, strict=True)}
+    else:
+        from gencli.core.infer.bundle import read_users
+        from gencli.core.infer.recommend import Recommender
+
+        rec = Recommender.load(bundle, cfg.device, cfg.dtype)
+        rec.batch_size = cfg.batch_size
+        if cfg.max_history:
+            rec.max_history = cfg.max_history
+        provenance = bundle_provenance(rec.metadata)
+        carried = read_users(bundle, len(rec))
+        if carried is None and any(h is None for _, h in queries or [(None, None)]):
+            raise InputError(f"bundle {bundle} carries no user histories (exported with --no-users, or by an earlier "
+                             "gencli): give --history or --stdin with a \"history\", or export it again")
+        user_ids, known = carried or ([], [])
+    by_user = dict(zip(user_ids, known, strict=True))
+    if queries is None:  # every user (--output without a selector)
+        queries = [(u, None) for u in user_ids]
     missing = [str(u) for u, h in queries if h is None and str(u) not in by_user]
     if missing:
-        raise InputError(f"{len(missing)} user id(s) are not in the workdir: {', '.join(missing[:MAX_LISTED])}"
+        where = "workdir" if ws is not None else "bundle"
+        raise InputError(f"{len(missing)} user id(s) are not in the {where}: {', '.join(missing[:MAX_LISTED])}"
                          " (for a new user pass --history, or a \"history\" in --stdin)")
     histories, skipped = [], []
     for user, ids in queries:
+        if ids is None and by_user_ids:
+            ids = by_user_ids[str(user)]  # the workdir's catalog: ids the bundle does not know are skipped
         if ids is None:
             histories.append(by_user[str(user)])
             skipped.append([])
@@ -185,24 +235,56 @@ def adhoc(cfg, workdir, bundle, users, user_file, history, from_stdin, output, j
                          f"{', '.join(unknown_all[:MAX_LISTED])}")
     ranked = rec.rank(histories, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
                       prune=cfg.stamp if cfg.stamp.sap else None, progress=make_progress(json_mode))
+    provenance = {**provenance, "created": _created()}
     user_ids = [None if u is None else str(u) for u, _ in queries]
-    answers = [{"user_id": u, "items": [r._asdict() for r in rec.to_recommendations(items, scores)],
-                "skipped": s} for u, items, scores, s in zip(user_ids, ranked.items, ranked.scores, skipped, strict=True)]
+    answers = [{"user_id": u,
+                "items": [{**r._asdict(), "rank": n} for n, r in enumerate(rec.to_recommendations(items, scores), 1)],
+                "skipped": s, "history_used": len(h)}
+               for u, items, scores, s, h in zip(user_ids, ranked.items, ranked.scores, skipped, histories, strict=True)]
     if unknown_all:
         _warn(f"skipped {len(unknown_all)} distinct history item id(s) not in the catalog "
               f"({sum(map(len, skipped))} occurrences) "
               f"({', '.join(unknown_all[:MAX_LISTED])}); --strict makes this an error")
+    blind = sum(1 for a in answers if a["skipped"] and not a["history_used"])
+    if blind:
+        _warn(f"{blind} user(s) had only unknown history ids: their lists are the model's unconditional top "
+              f"{cfg.k} (history_used 0 in the answer)")
+    frame = long_frame(rec, user_ids, ranked, provenance) if output is not None else None
     if output == "-":
-        for answer in answers:
-            sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.write("".join(_jsonl(answers, frame, jsonl_shape, provenance)))
         sys.stdout.flush()
         return
     if output is not None:
-        _write(Path(output), answers, long_frame(rec, user_ids, ranked))
-    _report(answers, output, rec, histories, json_mode)
+        _write(Path(output), _jsonl(answers, frame, jsonl_shape, provenance), frame)
+    _report(answers, output, rec, histories, json_mode, provenance)
 
 
-def _write(path: Path, answers: list[dict], frame: pl.DataFrame) -> None:
+def _workdir(ws):
+    if not (ws.root / "manifest.json").exists():
+        raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
+                         "or point --workdir (or --bundle) at a trained model")
+    return ws
+
+
+def _carries_users(bundle) -> bool:
+    """Whether a bundle has users.parquet (cheap: before any model or checksum is read)."""
+    from gencli.core.infer.bundle import USERS, follow_pointer
+
+    try:
+        return (follow_pointer(Path(bundle)) / USERS).is_file()
+    except InputError:
+        return False
+
+
+def _jsonl(answers: list[dict], frame: pl.DataFrame, shape: str, provenance: dict[str, Any]) -> list[str]:
+    """JSON Lines: one object per user (``user``: its items in a list, then which model answered and when), or one
+    per recommended item (``item``: the columns of the .parquet/.csv table)."""
+    if shape == "item":
+        return [json.dumps(row) + "\n" for row in frame.iter_rows(named=True)]
+    return [json.dumps({**a, **provenance}) + "\n" for a in answers]
+
+
+def _write(path: Path, lines: list[str], frame: pl.DataFrame) -> None:
     """The file by extension, written to a temporary sibling and renamed (no half-written file on failure)."""
     if path.is_dir():
         raise InputError(f"--output {path} is a folder; give a file name ending in .parquet, .csv or .jsonl")
@@ -216,7 +298,7 @@ def _write(path: Path, answers: list[dict], frame: pl.DataFrame) -> None:
         elif suffix == ".csv":
             frame.write_csv(tmp)
         else:
-            tmp.write_text("".join(json.dumps(a) + "\n" for a in answers), encoding="utf-8")
+            tmp.write_text("".join(lines), encoding="utf-8")
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -229,12 +311,15 @@ def _warn(message: str) -> None:
     console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
 
 
-def _report(answers: list[dict], output, rec, histories: list[list[int]], json_mode: bool) -> None:
+def _report(answers: list[dict], output, rec, histories: list[list[int]], json_mode: bool,
+            provenance: dict[str, Any]) -> None:
     if json_mode:
         from gencli.ui.output import emit_json
 
         payload: dict[str, Any] = {"status": "done", "users": len(answers),
-                                   "skipped_ids": sum(len(a["skipped"]) for a in answers)}
+                                   "skipped_ids": sum(len(a["skipped"]) for a in answers),
+                                   "unconditional_users": sum(1 for a in answers if a["skipped"] and
+                                                              not a["history_used"]), **provenance}
         if output is not None:
             payload["output"] = str(output)
         else:

@@ -89,9 +89,12 @@ def promote(workdir: Path, link: Path, tolerance: float, max_users: int, keep: i
     ws = open_workspace(workdir)
     current = core.current_target(link)
     if current is not None and _is_this_run(current, ws):
-        return {"promoted": True, "reason": "already promoted: the current bundle is this run's model", "link":
-                str(link), "bundle": str(current), "current": str(current), "new": None, "current_scores": None,
-                "tolerance": tolerance, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "removed_bundles": []}
+        decision = {"promoted": True, "reason": "already promoted: the current bundle is this run's model", "link":
+                    str(link), "bundle": str(current), "current": str(current), "new": None, "current_scores": None,
+                    "tolerance": tolerance, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "removed_bundles": [],
+                    "workdir": str(ws.root.resolve())}
+        core.log(link.with_name(f"{link.name}.bundles"), decision)  # the no-op is a decision too: the trail says so
+        return decision
     folder = core.bundle_folder(link, ws.root.resolve().name)
     folder.parent.mkdir(parents=True, exist_ok=True)
     export_bundle(ws, folder, "auto", 0, force=False)
@@ -112,7 +115,8 @@ def promote(workdir: Path, link: Path, tolerance: float, max_users: int, keep: i
     removed = core.prune(folder.parent, keep, [folder if ok else current, current])
     decision = {"promoted": ok, "reason": reason, "link": str(link), "bundle": str(folder),
                 "current": str(current) if current else None, "new": new, "current_scores": old,
-                "tolerance": tolerance, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "removed_bundles": removed}
+                "tolerance": tolerance, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "removed_bundles": removed,
+                "workdir": str(ws.root.resolve())}
     core.log(folder.parent, decision)
     return decision
 

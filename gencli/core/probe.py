@@ -252,7 +252,8 @@ def run(cfg: Any, models: Mapping[str, tuple[Path, Sequence[Sequence[int]]]], co
     if cfg.pictures:
         from gencli.core import probe_plots
 
-        result["pictures"] = probe_plots.draw(out_dir, spaces, used, cats, counts, rows, level, m)
+        result["pictures"] = probe_plots.draw(out_dir, spaces, used, cats, counts, rows, level, m,
+                                              ceiling=result["purity_max"])
     (out_dir / PROBE_JSON).write_text(json.dumps(result, indent=2) + "\n")
     return result
 

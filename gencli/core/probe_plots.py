@@ -28,9 +28,34 @@ def pca_2d(emb: np.ndarray) -> np.ndarray:
     return scores
 
 
+def purity_figure(rows: Sequence[Mapping[str, Any]], level: int, m: int, ceiling: float | None = None):
+    """The P_m bars of every row with a purity (None when no row has one), and the dashed ceiling ``purity_max``: the
+    highest P_m these category sizes allow, which is where a bar would stand if the codes were perfectly sorted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(r["space"], r["purity"]) for r in rows if r.get("purity") is not None]
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(1.2 * len(bars) + 2, 3.6))
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["grey", "tab:green", *["tab:blue"] * len(bars)][
+        : len(bars)])
+    if ceiling is not None:
+        ax.axhline(ceiling, color="black", linestyle="--", linewidth=1, label=f"ceiling {ceiling:.2f} (purity_max)")
+        ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel(f"P_{m} (same-category share of {m} nearest)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"level {level} neighbour purity")
+    fig.tight_layout()
+    return fig
+
+
 def draw(out_dir: Path, spaces: Mapping[str, np.ndarray], used: np.ndarray, cats: Sequence[str | None],
-         counts: np.ndarray, rows: Sequence[Mapping[str, Any]], level: int, m: int) -> list[str]:
-    """Write every picture into ``out_dir``; returns their file names."""
+         counts: np.ndarray, rows: Sequence[Mapping[str, Any]], level: int, m: int,
+         ceiling: float | None = None) -> list[str]:
+    """Write every picture into ``out_dir``; returns their file names. ``ceiling`` is drawn on the purity chart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,15 +90,8 @@ def draw(out_dir: Path, spaces: Mapping[str, np.ndarray], used: np.ndarray, cats
         fig.savefig(out_dir / name, dpi=90, metadata={"Software": None})
         plt.close(fig)
         names.append(name)
-    bars = [(r["space"], r["purity"]) for r in rows if r.get("purity") is not None]
-    if bars:
-        fig, ax = plt.subplots(figsize=(1.2 * len(bars) + 2, 3.6))
-        ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["grey", "tab:green", *["tab:blue"] * len(bars)][
-            : len(bars)])
-        ax.set_ylabel(f"P_{m} (same-category share of {m} nearest)")
-        ax.set_ylim(0, 1)
-        ax.set_title(f"level {level} neighbour purity")
-        fig.tight_layout()
+    fig = purity_figure(rows, level, m, ceiling)
+    if fig is not None:
         fig.savefig(out_dir / "purity.png", dpi=90, metadata={"Software": None})
         plt.close(fig)
         names.append("purity.png")

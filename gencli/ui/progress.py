@@ -19,6 +19,24 @@ def wants_progress(json_mode: bool) -> bool:
     return sys.stderr.isatty()
 
 
+def wants_log_lines() -> bool:
+    """Plain progress lines on stderr: off a terminal (cron logs, pipes), with or without --json (which owns stdout
+    only); never in CI or tests (GENCLI_NO_PROGRESS)."""
+    if os.environ.get("CI") or os.environ.get("GENCLI_NO_PROGRESS"):
+        return False
+    return not sys.stderr.isatty()
+
+
+def log_event(message: str) -> None:
+    """One line with the full date and time on stderr when :func:`wants_log_lines` (what ``gencli run`` says at its
+    start, between steps and at its end, so a night's log tells when each part ran)."""
+    if wants_log_lines():
+        import time
+
+        sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} {message}\n")
+        sys.stderr.flush()
+
+
 class LogProgress:
     """Off a terminal (cron logs): one plain line on stderr when a task starts, then at most every
     ``every`` seconds (done/total, rate, elapsed), and one when it ends (with the rate when the task names its
@@ -108,10 +126,10 @@ def _rate_column(unit: str):
 
 
 def make_progress(json_mode: bool) -> Progress:
-    """Bars on a terminal; periodic lines on stderr off one (cron logs); nothing in --json mode, CI or tests
-    (GENCLI_NO_PROGRESS)."""
+    """Bars on a terminal (none with --json); periodic lines on stderr off one (cron logs), --json or not, since
+    --json owns only stdout; nothing in CI or tests (GENCLI_NO_PROGRESS)."""
     if wants_progress(json_mode):
         return RichProgress()
-    if json_mode or os.environ.get("CI") or os.environ.get("GENCLI_NO_PROGRESS"):
+    if not wants_log_lines():
         return SILENT
     return LogProgress(float(os.environ.get("GENCLI_PROGRESS_EVERY") or LOG_EVERY_S))

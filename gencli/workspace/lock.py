@@ -23,6 +23,7 @@ class WorkdirLock:
     def __init__(self, root: Path):
         self.path = root / LOCK_NAME
         self._fd: int | None = None
+        self._info: dict = {}
         self.read_only = False
 
     def acquire(self, step: str) -> None:
@@ -50,10 +51,20 @@ class WorkdirLock:
         self._fd = fd
         if self.read_only:
             return
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
-        os.fsync(fd)
-        self._fd = fd
+        self._info = {"pid": os.getpid(), "step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._write(self._info)
+
+    def note(self, **fields) -> None:
+        """Add ``fields`` to what the lock file says about its holder (under torchrun: every rank's host and pid)."""
+        if self._fd is None or self.read_only:
+            return
+        self._info = {**self._info, **fields}
+        self._write(self._info)
+
+    def _write(self, info: dict) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(info).encode(), 0)
+        os.fsync(self._fd)
 
     @property
     def held(self) -> bool:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 WEIGHT_TOLERANCE = 1e-4  # docs/distributed.md
 SFT = ["sft", "--max-steps", "6", "--batch-size", "8", "--max-history", "5", "--eval-users", "0", "--eval-every",
-       "3", "--seed", "0"]
+       "3", "--seed", "0", "--log-every", "1"]
 
 
 def gencli(args: list[str], workdir: Path, tmp: Path, nproc: int = 1) -> subprocess.CompletedProcess:
@@ -65,6 +65,14 @@ def test_two_processes_match_one(vocab_workdir, tmp_path):
     a, b = weights(single), weights(multi)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= WEIGHT_TOLERANCE
     assert sorted(p.name for p in (multi / "sft" / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    # the doc's check compares what can differ: every step's train loss and the weights
+    compared = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench/dist_compare.py"),
+                               str(single), str(multi), "--out", str(tmp_path / "d.json")], capture_output=True,
+                              text=True, timeout=300)
+    assert compared.returncode == 0, compared.stderr
+    numbers = json.loads((tmp_path / "d.json").read_text())
+    assert numbers["train_steps_compared"] == 6 and 0 <= numbers["train_loss_max_rel_diff"] <= 1e-5
+    assert numbers["weight_max_abs_diff"] <= WEIGHT_TOLERANCE
 
     # eval and recommend of one model (a copy of the single-process workdir): the same files (cold-eval is eval's
     # code on a cohort)
@@ -96,3 +104,57 @@ def test_rank_without_rows_and_single_process_steps(vocab_workdir, tmp_path):
     refused = gencli(["quantize", "--force"], multi, scratch, nproc=2)
     assert refused.returncode != 0
     assert "error (exit 2): gencli quantize runs in one process" in refused.stderr  # then torchrun's own report
+
+
+def test_a_killed_torchrun_leaves_workers_that_the_lock_names(vocab_workdir, tmp_path):
+    """docs/distributed.md: torchrun puts every worker in a session of its own, so a SIGKILL to torchrun leaves them
+    running and no process-group kill reaches them; WORKDIR/.lock names each rank's host and pid, and a SIGTERM to
+    exactly those ends the job (no pkill by name)."""
+    import signal
+    import socket
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    work = tmp_path / "work"
+    shutil.copytree(vocab_workdir, work)
+    env = {**os.environ, "GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1", "GENCLI_NO_PROGRESS": "1", "TMPDIR": str(scratch)}
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              "-m", "gencli", "sft", "--max-steps", "100000", "--batch-size", "8", "--eval-users", "0",
+                              "--workdir", str(work), "--json"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline, ranks = time.time() + 120, None
+        while time.time() < deadline and ranks is None:
+            time.sleep(0.5)
+            try:
+                ranks = json.loads((work / ".lock").read_text() or "{}").get("ranks")
+            except (OSError, ValueError):
+                pass
+        assert ranks and [h for h, _ in ranks] == [socket.gethostname()] * 2, ranks
+        pids = [pid for _, pid in ranks]
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=30)
+        time.sleep(1)
+        assert all(_alive(pid) for pid in pids)  # what pkill was advised for: orphaned workers still train
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 60
+        while time.time() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.5)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for pid in [p for _, p in ranks or []]:
+            if _alive(pid):
+                os.kill(pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not reaped by its new parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

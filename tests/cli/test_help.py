@@ -41,3 +41,16 @@ def test_every_command_is_listed(runner):
     result = runner.invoke(cli, ["--help"])
     for name in COMMANDS:
         assert name in result.output
+
+
+def test_group_help_lists_every_exit_code():
+    from click.testing import CliRunner
+
+    from gencli import errors
+    from gencli.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    codes = [v for k, v in vars(errors).items() if k.startswith("EXIT_")]
+    assert sorted(codes) == [0, 1, 2, 3, 4, 130]
+    assert all(f"{code} " in text for code in codes)
+    assert "4 `run --promote` finished but did not promote" in text

@@ -1,4 +1,5 @@
-"""Off a terminal (cron logs) long work prints a plain progress line every few seconds on stderr; --json prints none."""
+"""Off a terminal (cron logs) long work prints a plain progress line every few seconds on stderr, with --json too
+(it owns stdout only): a cron job's log tells the story while its stdout stays one JSON object."""
 
 from __future__ import annotations
 
@@ -30,16 +31,19 @@ def test_a_task_with_a_unit_logs_its_rate_also_at_the_end(capsys):
     assert re.search(r"done 4/4 \(100%\) in [\d.]+ s, [\d,.]+ items/s$", done), done
 
 
-def test_quiet_when_json_ci_or_disabled(monkeypatch):
+def test_lines_off_a_terminal_json_or_not_quiet_in_ci_or_disabled(monkeypatch):
     monkeypatch.delenv("GENCLI_NO_PROGRESS", raising=False)
     monkeypatch.delenv("CI", raising=False)
     assert isinstance(make_progress(False), LogProgress)  # tests run off a terminal
-    assert make_progress(True) is SILENT
+    assert isinstance(make_progress(True), LogProgress)  # --json owns stdout; the lines go to stderr (the log)
     monkeypatch.setenv("CI", "true")
-    assert make_progress(False) is SILENT
+    assert make_progress(False) is SILENT and make_progress(True) is SILENT
+    monkeypatch.delenv("CI")
+    monkeypatch.setenv("GENCLI_NO_PROGRESS", "1")
+    assert make_progress(True) is SILENT
 
 
-def test_a_step_logs_progress_off_a_terminal_and_not_with_json(monkeypatch, small_sample, tmp_path):
+def test_a_step_logs_progress_off_a_terminal_also_with_json(monkeypatch, small_sample, tmp_path):
     monkeypatch.delenv("GENCLI_NO_PROGRESS", raising=False)
     monkeypatch.delenv("CI", raising=False)
     wd = tmp_path / "w"
@@ -47,6 +51,6 @@ def test_a_step_logs_progress_off_a_terminal_and_not_with_json(monkeypatch, smal
     assert plain.exit_code == 0
     embed = CliRunner().invoke(cli, ["embed", "--workdir", str(wd)])
     assert embed.exit_code == 0 and "embedding items: started" in embed.stderr
-    quiet = CliRunner().invoke(cli, ["embed", "--workdir", str(wd), "--force", "--json"])
-    assert quiet.exit_code == 0 and "embedding items" not in quiet.stderr and "Loading" not in quiet.stderr
-    assert json.loads(quiet.stdout)["status"] == "done"
+    logged = CliRunner().invoke(cli, ["embed", "--workdir", str(wd), "--force", "--json"])
+    assert logged.exit_code == 0 and "embedding items: started" in logged.stderr and "Loading" not in logged.stderr
+    assert json.loads(logged.stdout)["status"] == "done"  # stdout is still exactly one JSON object

@@ -25,6 +25,16 @@ def _json(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _model_id(workdir, step="sft"):
+    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files and sid_vocab.json."""
+    import hashlib
+
+    outputs = json.loads((workdir / step / "step.json").read_text())["outputs"]
+    listing = sorted((o["path"], o["sha256"]) for o in outputs
+                     if o["path"].startswith("model/") or o["path"] == "sid_vocab.json")
+    return f"{step}@" + hashlib.sha256("".join(f"{p}\t{d}\n" for p, d in listing).encode()).hexdigest()[:12]
+
+
 @pytest.fixture(scope="module")
 def trained(embedded_workdir, tmp_path_factory):
     wd = tmp_path_factory.mktemp("recommend") / "work"
@@ -55,7 +65,8 @@ def test_recommend_step_writes_every_users_top_k_unseen(trained, catalog):
     assert payload["status"] == "done" and payload["metrics"]["users"] == len(seen)
     assert payload["metrics"]["max_history"] == 5  # as sft trained
     recs = pl.read_parquet(trained / "recommend" / "recommendations.parquet")
-    assert recs.columns == ["user_id", "rank", "item_id", "score", "title"]
+    assert recs.columns == ["user_id", "rank", "item_id", "score", "title", "model"]
+    assert set(recs["model"]) == {_model_id(trained)} == {payload["metrics"]["model"]}  # which model made it
     per_user = recs.group_by("user_id").agg(pl.col("item_id"), pl.col("rank"), pl.col("score"))
     assert per_user.height == len(seen)
     for row in per_user.iter_rows(named=True):
@@ -114,7 +125,10 @@ def test_stdin_keeps_order_and_matches_user_mode(trained, catalog):
     assert result.exit_code == 0, result.output
     answers = [json.loads(line) for line in result.stdout.splitlines()]
     assert [a["user_id"] for a in answers] == [users[2], "new", users[0]]
-    assert all(len(a["items"]) == 4 and set(a["items"][0]) == {"item_id", "score", "title"} for a in answers)
+    assert all(len(a["items"]) == 4 and set(a["items"][0]) == {"item_id", "score", "title", "rank"} for a in answers)
+    assert all([i["rank"] for i in a["items"]] == [1, 2, 3, 4] for a in answers)
+    assert {a["model"] for a in answers} == {_model_id(trained)}  # each line says which model answered
+    assert answers[1]["history_used"] == 2 and answers[0]["run"] == trained.name and answers[0]["created"]
     assert not {i["item_id"] for i in answers[1]["items"]} & {ids[0], ids[1]}
     single = _json(_run(trained, "recommend", "--user", users[0], "--k", "4", "--json"))
     alone, batched = single["recommendations"][0]["items"], answers[2]["items"]  # padding moves scores by ~1e-7
@@ -127,10 +141,17 @@ def test_output_files_by_extension(trained, tmp_path):
         result = _run(trained, "recommend", "--output", str(tmp_path / name), "--k", "3")
         assert result.exit_code == 0, result.output
     parquet = pl.read_parquet(tmp_path / "r.parquet")
-    assert parquet.equals(pl.read_csv(tmp_path / "r.csv", schema=parquet.schema))
+    assert parquet.columns == ["user_id", "rank", "item_id", "score", "title", "model", "run", "created"]
+    assert parquet["run"].unique().to_list() == [trained.name] and parquet["created"].n_unique() == 1
+    same = parquet.drop("created")  # each query says when it ran
+    assert same.equals(pl.read_csv(tmp_path / "r.csv", schema=parquet.schema).drop("created"))
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert len(lines) * 3 == parquet.height
     assert [i["item_id"] for i in json.loads(lines[0])["items"]] == parquet["item_id"].head(3).to_list()
+    result = _run(trained, "recommend", "--output", str(tmp_path / "rows.jsonl"), "--k", "3", "--jsonl-shape", "item")
+    assert result.exit_code == 0, result.output
+    rows = pl.read_ndjson(tmp_path / "rows.jsonl", schema=parquet.schema)  # one row per item, as the table
+    assert rows.drop("created").equals(same)
     bad = _run(trained, "recommend", "--output", str(tmp_path / "r.xlsx"))
     assert bad.exit_code == 2 and ".parquet, .csv or .jsonl" in bad.output
 
@@ -187,8 +208,8 @@ def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catal
     # the source workdir is recorded as provenance only (what `run --previous BUNDLE` follows); nothing else names it
     assert meta["source"].pop("workdir") == str(trained.resolve())
     assert "eval" in meta["metrics"] and str(trained) not in json.dumps(meta)
-    blend = json.loads((trained / "sft" / "blend.json").read_text())["blends"]
-    assert meta["ranking"]["blends"] == blend and (out / "embeddings.npy").is_file()  # the bundle ranks alike
+    assert (out / "blend.json").read_bytes() == (trained / "sft" / "blend.json").read_bytes()  # it ranks alike
+    assert (out / "embeddings.npy").is_file() and "blend.json" in meta["sha256"]
     history = ",".join(ids[3:9])
     in_workdir = _json(_run(trained, "recommend", "--history", history, "--k", "6", "--json"))
     env = {k: v for k, v in os.environ.items() if k != "GENCLI_WORKDIR"}
@@ -204,8 +225,64 @@ def test_export_bundle_answers_in_a_fresh_process_without_workdir(trained, catal
     (out / "model" / "config.json").write_text("{}")
     broken = _run(trained, "recommend", "--bundle", str(out), "--history", history)
     assert broken.exit_code == 2 and "re-export it" in broken.output and "Traceback" not in broken.output
-    r = _run(trained, "recommend", "--bundle", str(out), "--user", "u1")
-    assert r.exit_code == 2 and "a bundle holds no users" in r.output
+
+def _bundle(bundle, *args, input=None):
+    """recommend --bundle with no workdir at all (the workdir fixture is elsewhere)."""
+    return CliRunner().invoke(cli, ["recommend", "--bundle", str(bundle), *args], input=input)
+
+
+def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_path):
+    """export carries the users' histories: `recommend --bundle B --output FILE` is the batch of the serving model,
+    and every output names the model that made it (the bundle's model_id, the workdir's model step)."""
+    ids, seen = catalog
+    out = tmp_path / "shop"
+    assert _run(trained, "export", str(out), "--json").exit_code == 0
+    meta = json.loads((out / "gencli.json").read_text())
+    assert "users.parquet" in meta["files"] and "users.parquet" in meta["sha256"]
+    r = _run(trained, "recommend", "--output", str(tmp_path / "workdir.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output
+    r = _bundle(out, "--output", str(tmp_path / "bundle.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output
+    r = _run(trained, "recommend", "--bundle", str(out), "--output", str(tmp_path / "both.parquet"), "--k", "4")
+    assert r.exit_code == 0, r.output  # the bundle's model, the workdir's histories: here the same ones
+    a, b = (pl.read_parquet(tmp_path / f"{w}.parquet") for w in ("workdir", "bundle"))
+    assert pl.read_parquet(tmp_path / "both.parquet").drop("created").equals(b.drop("created"))
+    assert a.height == 4 * len(seen) and a["user_id"].n_unique() == len(seen)
+    assert a.select("user_id", "rank", "item_id", "title", "model", "run").equals(
+        b.select("user_id", "rank", "item_id", "title", "model", "run"))
+    assert b["score"].to_list() == pytest.approx(a["score"].to_list(), abs=1e-4)
+    assert set(b["model"]) == {meta["model_id"]} == {_model_id(trained)}
+    user = sorted(seen)[0]
+    one = _json(_bundle(out, "--user", user, "--k", "4", "--json"))
+    assert [i["item_id"] for i in one["recommendations"][0]["items"]] == \
+        a.filter(pl.col("user_id") == user)["item_id"].to_list()
+    assert one["model"] == meta["model_id"] and one["run"] == trained.name
+    r = _bundle(out, "--user", "nobody-knows")
+    assert r.exit_code == 2 and "not in the bundle" in r.output
+    bare = tmp_path / "bare"
+    assert _run(trained, "export", str(bare), "--no-users").exit_code == 0
+    assert not (bare / "users.parquet").exists()
+    r = _bundle(bare, "--output", str(tmp_path / "x.parquet"))
+    assert r.exit_code == 2 and "carries no user histories" in r.output
+    r = _bundle(bare, "--history", ids[0], "--json")
+    assert r.exit_code == 0, r.output
+    r = _bundle(bare, "--history", ids[0], "--workdir", str(tmp_path / "none"), "--json")
+    assert r.exit_code == 0, r.output  # explicit histories: the workdir is not read
+    r = _bundle(bare)
+    assert r.exit_code == 2 and "--output FILE for every user the bundle carries" in r.output
+
+
+def test_a_history_of_unknown_ids_only_is_flagged(trained, catalog):
+    ids, _ = catalog
+    r = _run(trained, "recommend", "--stdin", "--output", "-", "--k", "3",
+             input=json.dumps({"user_id": "x", "history": ["nope-1", "nope-2"]}) + "\n"
+             + json.dumps({"user_id": "y", "history": [ids[0], "nope-3"]}) + "\n")
+    assert r.exit_code == 0, r.output
+    x, y = (json.loads(line) for line in r.stdout.splitlines())
+    assert (x["history_used"], x["skipped"]) == (0, ["nope-1", "nope-2"]) and y["history_used"] == 1
+    assert "1 user(s) had only unknown history ids" in r.stderr
+    r = _run(trained, "recommend", "--history", "nope-1", "--json")
+    assert _json(r)["unconditional_users"] == 1
 
 
 def test_user_file_and_prune(trained, catalog, tmp_path):
@@ -223,3 +300,16 @@ def test_user_file_and_prune(trained, catalog, tmp_path):
     assert r.exit_code == 0, r.output
     items = [i["item_id"] for i in _json(r)["recommendations"][0]["items"]]
     assert len(set(items)) == 5 and not set(items) & set(ids[:12])
+
+
+def test_docs_formats_md_describes_metrics_json_as_eval_writes_it(trained):
+    """The page showed `overall` at the top of metrics.json; it sits under `metrics` (step.json has it on top)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| `metrics.json` |"))
+    written = json.loads((trained / "eval" / "metrics.json").read_text())
+    assert "overall" not in written and "overall" in written["metrics"]
+    assert all(f"`{key}`" in row for key in written)  # every top-level key is named
+    assert all(f"`{block}`" in row.split("`metrics`: the blocks", 1)[1] for block in written["metrics"])
+    assert "overall" in json.loads((trained / "eval" / "step.json").read_text())["metrics"]

@@ -175,3 +175,22 @@ def test_run_refuses_diverged_rows(tmp_path, monkeypatch):
     cfg = SimpleNamespace(level=0, m=2, category_rule="first", pictures=False)
     with pytest.raises(InputError, match="NaN or inf"):
         probe.run(cfg, {"sft": ("x", [list(range(8))])}, books, codes, cats, counts, tmp_path)
+
+
+def test_the_purity_chart_draws_its_ceiling():
+    """purity.png had only the bars: the ceiling purity_max (what perfectly sorted codes would reach) was missing."""
+    from gencli.core.probe_plots import purity_figure
+
+    rows = [{"space": "random", "purity": 0.1}, {"space": "semantic", "purity": 0.3}, {"space": "sft", "purity": 0.2}]
+    fig = purity_figure(rows, level=0, m=10, ceiling=0.45)
+    try:
+        ax = fig.axes[0]
+        assert [bar.get_height() for bar in ax.patches] == pytest.approx([0.1, 0.3, 0.2])
+        lines = [line for line in ax.get_lines() if "ceiling" in line.get_label()]
+        assert len(lines) == 1 and list(lines[0].get_ydata()) == pytest.approx([0.45, 0.45])
+        assert lines[0].get_label() == "ceiling 0.45 (purity_max)"
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    assert purity_figure([{"space": "random", "purity": None}], level=0, m=10, ceiling=None) is None

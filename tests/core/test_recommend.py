@@ -295,3 +295,18 @@ def test_a_pointer_file_that_is_not_utf8_is_bad_input(tmp_path):
     pointer.write_bytes(b"\xff\xfe/srv/bundle\n")
     with pytest.raises(InputError, match="pointer file .*current cannot be read as one UTF-8 bundle path"):
         Recommender.load(pointer)
+
+
+def test_one_recommender_is_safe_to_share_between_threads(parts):
+    """README: a Recommender may be called from several threads (nothing in it changes during a call): every
+    thread gets exactly the sequential answer. It is not faster that way; recommend_batch is."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rec = make(parts)
+    rng = np.random.default_rng(3)
+    histories = [[f"i{i:03d}" for i in rng.integers(0, N_ITEMS, rng.integers(0, 6))] for _ in range(24)]
+    alone = [rec.recommend(h, k=5) for h in histories]
+    with ThreadPoolExecutor(4) as pool:
+        shared = list(pool.map(lambda h: rec.recommend(h, k=5), histories))
+    assert [[r.item_id for r in x] for x in shared] == [[r.item_id for r in x] for x in alone]
+    assert [r.score for x in shared for r in x] == pytest.approx([r.score for x in alone for r in x], abs=1e-5)

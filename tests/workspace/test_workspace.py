@@ -182,6 +182,21 @@ def test_second_process_gets_locked_error(tmp_path):
             a.release()
 
 
+def test_the_lock_file_can_name_every_rank(tmp_path):
+    """Under torchrun rank 0 adds every rank's host and pid to .lock (docs/distributed.md: what to kill)."""
+    import json
+    import os
+
+    ws = Workspace(tmp_path / "w")
+    run = ws.begin("ingest", {}, [], force=True)
+    ws.lock.note(ranks=[["h", os.getpid()], ["h", 4242]])
+    held = json.loads((tmp_path / "w" / ".lock").read_text())
+    assert held["pid"] == os.getpid() and held["step"] == "ingest" and held["ranks"] == [["h", os.getpid()], ["h", 4242]]
+    ws.abort(run, InputError("x"))
+    ws.release()
+    assert (tmp_path / "w" / ".lock").read_text() == ""
+
+
 def test_cleanup_of_a_new_workdir_is_decided_under_the_lock(tmp_path):
     """A failing command on a "new" workdir once deleted the ingest a concurrent command had just committed."""
     failed = Workspace(tmp_path / "w")  # opened before the workdir existed, like a command with bad input

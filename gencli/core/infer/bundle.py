@@ -34,17 +34,22 @@ BUNDLE_JSON = "gencli.json"
 ITEMS = "items.parquet"
 MODEL = "model"
 ITEM_COLUMNS = ("item_id", "title", "codes")
+USERS = "users.parquet"  # optional: user_id, history (rows of items.parquet, oldest first), for batch scoring
 
 
 def write_bundle(
     out_dir: Path, model_dir: Path, vocab_path: Path, item_ids: list[str], titles: list[str], codes: np.ndarray,
-    meta: dict[str, Any], force: bool = False, embeddings: np.ndarray | None = None,
+    meta: dict[str, Any], force: bool = False, users: tuple[list[str], list[list[int]]] | None = None,
+    embeddings: np.ndarray | None = None, blend: Path | None = None,
 ) -> dict[str, Any]:
     """Write the bundle into ``out_dir`` atomically (a hidden sibling folder renamed at the end); returns gencli.json.
 
-    ``meta`` holds source/metrics/decode/ranking (see :func:`gencli.cli.export`); ``embeddings`` (the embed step's
-    item vectors, row = item) go to EMBEDDINGS for the content part of the ranking. An existing non-empty ``out_dir`` is an
-    InputError unless ``force``, then it is replaced only once the new bundle is complete.
+    ``meta`` holds source/metrics/decode/ranking (see :func:`gencli.cli.export`). An existing non-empty ``out_dir``
+    is an InputError unless ``force``, then it is replaced only once the new bundle is complete. ``users`` (user ids
+    and their histories as item rows, oldest first) are written to ``users.parquet``, so the bundle alone can score
+    every user (``gencli recommend --bundle B --output FILE``); ``embeddings`` (the embed step's item vectors, row =
+    item) go to EMBEDDINGS for the content part of the ranking, and ``blend`` (the model step's blend.json) is
+    copied beside them: together they make the bundle rank as the workdir does.
     """
     from gencli import __version__
 
@@ -64,7 +69,7 @@ def write_bundle(
         shutil.rmtree(staging)
     try:
         staging.mkdir(parents=True)
-        shutil.copytree(model_dir, staging / MODEL)
+        shutil.copytree(model_dir, staging / MODEL, copy_function=shutil.copyfile)  # modes as the umask says
         shutil.copyfile(vocab_path, staging / artifacts.SID_VOCAB)
         names = [[artifacts.sid_token(level, int(c)) for level, c in enumerate(row)] for row in codes.tolist()]
         pl.DataFrame({
@@ -73,8 +78,13 @@ def write_bundle(
             "sid": pl.Series(["".join(n) for n in names], dtype=pl.String),
             "codes": pl.Series(np.ascontiguousarray(codes, dtype=np.int32)).cast(pl.List(pl.Int32)),
         }).write_parquet(staging / ITEMS)
+        if users is not None:
+            pl.DataFrame({"user_id": pl.Series(users[0], dtype=pl.String),
+                          "history": pl.Series(users[1], dtype=pl.List(pl.Int32))}).write_parquet(staging / USERS)
         if embeddings is not None:
             np.save(staging / artifacts.EMBEDDINGS, np.ascontiguousarray(embeddings, dtype=np.float32))
+        if blend is not None:
+            shutil.copyfile(blend, staging / artifacts.BLEND)
         paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
         files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
         digests = {p.relative_to(staging).as_posix(): _sha256(p) for p in paths}
@@ -255,6 +265,28 @@ def read_items(path: Path) -> pl.DataFrame:
     return frame
 
 
+def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | None:
+    """users.parquet of a bundle (checked: columns, unique ids, item rows inside the catalog), or None when the
+    bundle carries no users (``export --no-users``, or a bundle of an earlier gencli)."""
+    path = follow_pointer(path)
+    file = Path(path) / USERS
+    if not file.is_file():
+        return None
+    try:
+        frame = pl.read_parquet(file)
+    except Exception as exc:  # noqa: BLE001 - polars raises several types for a damaged file
+        raise _bad(path, f"{USERS} is corrupt ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("user_id", "history") if c not in frame.columns]
+    if missing:
+        raise _bad(path, f"{USERS} lacks column(s) {', '.join(missing)}")
+    if frame["user_id"].n_unique() != frame.height or frame["user_id"].null_count():
+        raise _bad(path, f"{USERS}: user ids repeat or are empty")
+    rows = frame["history"].explode().drop_nulls()
+    if len(rows) and not (0 <= int(rows.min()) and int(rows.max()) < n_items):
+        raise _bad(path, f"{USERS}: a history names an item row outside the catalog of {n_items} items")
+    return frame["user_id"].cast(pl.String).to_list(), [list(h or []) for h in frame["history"].to_list()]
+
+
 @dataclass
 class Bundle:
     """What a bundle folder holds, loaded and checked: :meth:`Recommender.load` builds on it."""
@@ -311,8 +343,8 @@ def _tokens(path: Path, codes: np.ndarray, vocab: Any) -> np.ndarray:
 
 
 def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
-    """The bundle's ranker: EMBEDDINGS (one row per item) and gencli.json's ranking.blends; a bundle without
-    EMBEDDINGS ranks by the model alone (bundles exported before the blend)."""
+    """The bundle's ranker: EMBEDDINGS (one row per item) and the blends of BLEND; a bundle without EMBEDDINGS ranks
+    by the model alone (bundles exported before the blend), one without BLEND by the model with content beside it."""
     from gencli.core.infer.blend import Ranker, first_groups, read_blends
     from gencli.core.infer.content import ContentScorer
 
@@ -327,15 +359,13 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
         raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
                          f"{vectors.dtype} {vectors.shape}")
     blends = None
-    ranking = meta.get("ranking")
-    if ranking is not None:
-        if not isinstance(ranking, dict) or "blends" not in ranking:
-            raise _bad(path, f"{BUNDLE_JSON} field ranking must be an object with 'blends'")
-        if ranking["blends"] is not None:
-            try:
-                blends = read_blends(ranking["blends"], f"{BUNDLE_JSON} field ranking.blends")
-            except ValueError as exc:
-                raise _bad(path, str(exc)) from None
+    blend_file = Path(path) / artifacts.BLEND
+    if blend_file.is_file():
+        try:
+            record = json.loads(blend_file.read_text(encoding="utf-8"))
+            blends = read_blends(record.get("blends") if isinstance(record, dict) else record, artifacts.BLEND)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise _bad(path, f"{artifacts.BLEND} is damaged ({exc})") from None
     try:
         scorer = ContentScorer(vectors)
     except ValueError as exc:

@@ -114,5 +114,6 @@ def prune(folder: Path, keep: int, protect: list[Path]) -> list[str]:
 
 def log(folder: Path, decision: dict[str, Any]) -> None:
     """Append one decision to ``LINK.bundles/promotions.jsonl`` (the audit trail cron alerts can read)."""
+    folder.mkdir(parents=True, exist_ok=True)
     with open(folder / HISTORY_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(decision, sort_keys=True) + "\n")

@@ -37,6 +37,7 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import follow_umask
 
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
@@ -164,6 +165,7 @@ def save_model(model, tokenizer, out_dir: Path) -> None:
     with quiet_transformers():
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
+    follow_umask(out_dir)  # safetensors writes 0600: another account (the service) could not read the weights
 
 
 def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype | str = torch.float32,

@@ -272,6 +272,9 @@ def run(
         sizes = [len(b) for b in books] + [dedup_size]
         write_outputs(Path(out_dir), books, full, item_ids, sizes)
         advance(1)
+    errors: dict[str, Any] = {"reconstruction_error": recon}
+    if previous is not None:
+        errors = _reuse_errors(previous, x, item_ids, books, full[:, :levels], recon, cfg.batch_size)
     return {
         "items": n,
         "dim": int(x.shape[1]),
@@ -279,7 +282,7 @@ def run(
         "codes": [len(b) for b in books],
         "dedup_codes": dedup_size,
         **collision_stats(full[:, :levels]),
-        "reconstruction_error": recon,
+        **errors,
         "per_level": level_stats,
         **extra,
         **collab,
@@ -375,6 +378,37 @@ def _reuse(
         "codebooks_from": str(previous.source),
     }
     return books, full, extra
+
+
+COLLAB_NOTE = ("the codebooks of {source} were fit on text + co-consumption vectors (--collab); this run places "
+               "items by their text alone (the collaborative part is fit once per trained quantize), so its errors are "
+               "measured on text only: reconstruction_error_text_only (and per_level quant_error) is not comparable "
+               "with that run's reconstruction_error ({previous}); kept items keep their SIDs exactly")
+
+
+def _reuse_errors(previous: PreviousCodebooks, x: np.ndarray, item_ids: list[str], books, codes: np.ndarray,
+                  recon: float, batch_size: int) -> dict[str, Any]:
+    """--codebooks-from: the errors, named for what they measure. ``reconstruction_error_new`` is that of the items
+    this run placed; ``reconstruction_error_previous`` the trained run's own. With --collab codebooks the vectors
+    here lack the collaborative part, so the overall error is reported as ``reconstruction_error_text_only``, with a
+    note, rather than as a ``reconstruction_error`` that reads as a three times worse quantizer (0.73 vs 0.27 on the
+    sample with the same SIDs)."""
+    import json
+
+    known = set(previous.item_ids)
+    new = np.array([i for i, item in enumerate(item_ids) if item not in known], dtype=np.int64)
+    out: dict[str, Any] = {}
+    try:
+        out["reconstruction_error_previous"] = json.loads((previous.source / "step.json").read_text(
+            encoding="utf-8"))["metrics"]["reconstruction_error"]
+    except (OSError, ValueError, KeyError, TypeError):
+        out["reconstruction_error_previous"] = None
+    out["reconstruction_error_new"] = residual_errors(x[new], books, codes[new], batch_size)[1] if new.size else None
+    if previous.collab_dim:
+        return {"reconstruction_error_text_only": recon, **out,
+                "reconstruction_note": COLLAB_NOTE.format(source=previous.source,
+                                                          previous=out["reconstruction_error_previous"])}
+    return {"reconstruction_error": recon, **out}
 
 
 def _next_dedup(previous_codes: np.ndarray, new_codes: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ import torch
 from gencli.config import TrainConfig, to_dict
 from gencli.core.lm.backbone import WEIGHT_FILES, quiet_transformers
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import follow_umask
 
 TRAINER_STATE_NAME = "trainer_state.pt"
 
@@ -97,6 +98,7 @@ def hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:
             model.save_pretrained(path)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
+        follow_umask(path)  # safetensors writes 0600; checkpoints become best/ and model/, which a service reads
 
     return write
 
