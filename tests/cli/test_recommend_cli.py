@@ -26,12 +26,13 @@ def _json(result):
 
 
 def _model_id(workdir, step="sft"):
-    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files and sid_vocab.json."""
+    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files, sid_vocab.json and
+    blend.json."""
     import hashlib
 
     outputs = json.loads((workdir / step / "step.json").read_text())["outputs"]
     listing = sorted((o["path"], o["sha256"]) for o in outputs
-                     if o["path"].startswith("model/") or o["path"] == "sid_vocab.json")
+                     if o["path"].startswith("model/") or o["path"] in ("sid_vocab.json", "blend.json"))
     return f"{step}@" + hashlib.sha256("".join(f"{p}\t{d}\n" for p, d in listing).encode()).hexdigest()[:12]
 
 
