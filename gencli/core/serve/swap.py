@@ -105,7 +105,8 @@ class Holder:
         self.metrics = metrics
         self.watch_s = watch_s
         self._load = load
-        self._seen = signature(self.path)
+        seen = signature(self.path)  # had --bundle already moved on while the first load ran, the next check loads
+        self._seen = seen if seen is not None and seen[0] == first.path else None
         self._wake = threading.Event()
         self._forced = False
         self._stopped = False
