@@ -123,7 +123,7 @@ class Holder:
         self._stopped = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=5)  # a load in progress is abandoned (daemon thread): the process exits
 
     def request_reload(self) -> None:
         """Load the bundle again now, changed or not (SIGHUP). Safe from a signal handler: it only sets a flag."""
