@@ -3,8 +3,8 @@
 For 1, 4 and 16 concurrent clients (keep-alive HTTP/1.1 connections, one thread each) it sends a fixed number of
 ``POST /v1/recommend`` requests (stopping earlier at a time limit) to a ``gencli serve`` subprocess and reports
 p50/p95/p99 latency and requests/s; the plain loop calls ``Recommender.recommend`` in this process on the same
-histories, before and after the server runs (the faster of the two runs is the reference). Then it checks that the
-server's lists equal ``Recommender.recommend``'s for the same histories, and it swaps the bundle under load: while
+histories. The loop and the levels run in --rounds interleaved rounds (3) and each mode's best round is shown, so
+a shared machine's shifting load disturbs the ratios less. Then it checks that the server's lists equal ``Recommender.recommend``'s for the same histories, and it swaps the bundle under load: while
 16 clients send requests, ``--bundle`` (a symbolic link) is pointed at a copy of the bundle and the server gets
 SIGHUP; every request must succeed and the answers after the swap must name the new bundle.
 
@@ -194,7 +194,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=None, help="Bundle to serve (default: build the sample one).")
     parser.add_argument("--sft-steps", type=int, default=200, help="sft steps of the built sample bundle.")
-    parser.add_argument("--requests", type=int, default=400, help="Requests per concurrency level (and loop).")
+    parser.add_argument("--requests", type=int, default=300, help="Requests per concurrency level (and loop).")
+    parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds; each mode's best round is shown.")
     parser.add_argument("--time-limit", type=float, default=60.0, help="Seconds per level at most.")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--k", type=int, default=10)
@@ -228,35 +229,46 @@ def main() -> None:
     result: dict = {"bundle": str(Path(bundle).resolve()), "items": len(rec), "max_history": rec.max_history,
                     "threads": args.threads, "k": args.k, "requests": args.requests, "time_limit_s": args.time_limit,
                     "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-                               "decode_batch": args.decode_batch}, "direct": [], "serve": {}}
-    result["direct"].append(direct_loop(rec, histories, args.k, args.time_limit))
+                               "decode_batch": args.decode_batch}}
+    rounds: list[dict] = []
     proc, port = start_server(link, args)
     try:
         load(port, histories[:20], 4, args.k, 30)  # warm-up
-        for clients in levels:
-            result["serve"][str(clients)], _ = load(port, histories, clients, args.k, args.time_limit)
+        for _ in range(args.rounds):  # interleaved: a shared machine's load shifts between rounds, not within one
+            one = {"direct": direct_loop(rec, histories, args.k, args.time_limit), "serve": {}}
+            for clients in levels:
+                one["serve"][str(clients)], _ = load(port, histories, clients, args.k, args.time_limit)
+            rounds.append(one)
         result["identity"] = same_answers(rec, port, histories[: min(200, len(histories))], args.k)
         result["swap"] = swap_under_load(proc, port, link, other, histories, args.k, args.time_limit)
     finally:
         proc.send_signal(signal.SIGTERM)
         result["server_exit"] = proc.wait(timeout=120)
-    result["direct"].append(direct_loop(rec, histories, args.k, args.time_limit))
+    result["rounds"] = rounds
+    result["direct"] = best([r["direct"] for r in rounds])
+    result["serve"] = {str(c): best([r["serve"][str(c)] for r in rounds]) for c in levels}
     write_json_atomic(args.out, result)
     report(result, levels)
 
 
+def best(runs: list[dict]) -> dict:
+    """The round with the most requests/s (each mode's least disturbed run), and how many rounds there were."""
+    return {**max(runs, key=lambda r: r["rps"]), "of_rounds": len(runs)}
+
+
 def report(result: dict, levels: list[int]) -> None:
-    direct = max(result["direct"], key=lambda d: d["rps"])
+    direct = result["direct"]
     print(f"\nbundle {result['bundle']} ({result['items']} items, history {result['max_history']}), k={result['k']}, "
           f"{result['threads']} torch thread(s) per process, loopback; server {result['server']}")
-    print(f"| {'mode':<24} | {'requests':>8} | {'req/s':>7} | {'vs loop':>7} | {'p50 ms':>7} | {'p95 ms':>7} | "
+    print(f"best of {direct['of_rounds']} interleaved round(s) per mode")
+    print(f"| {'mode':<26} | {'requests':>8} | {'req/s':>7} | {'vs loop':>7} | {'p50 ms':>7} | {'p95 ms':>7} | "
           f"{'p99 ms':>7} | {'failed':>6} |")
-    print(f"|{'-' * 26}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|")
-    rows = [(f"Recommender.recommend loop (run {i + 1})", d) for i, d in enumerate(result["direct"])]
+    print(f"|{'-' * 28}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|")
+    rows = [("Recommender.recommend loop", direct)]
     rows += [(f"serve, {c} client(s)", result["serve"][str(c)]) for c in levels]
     rows.append(("serve, 16 clients + swap", result["swap"]))
     for name, d in rows:
-        print(f"| {name:<24} | {d['requests']:>8} | {d['rps']:>7.1f} | {d['rps'] / direct['rps']:>6.2f}x | "
+        print(f"| {name:<26} | {d['requests']:>8} | {d['rps']:>7.1f} | {d['rps'] / direct['rps']:>6.2f}x | "
               f"{d['p50_ms']:>7.1f} | {d['p95_ms']:>7.1f} | {d['p99_ms']:>7.1f} | {d['failures']:>6} |")
     ident, swap = result["identity"], result["swap"]
     print(f"\nsame items as Recommender.recommend: {ident['same_items']}/{ident['histories']}; scores within 1e-5: "
