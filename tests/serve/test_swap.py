@@ -100,7 +100,7 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
 
     pointer = tmp_path / "current"
     pointer.write_text(f"{bundles['a']}\n")
-    service = Service(ServeConfig(port=0, watch=0, max_wait_ms=1500, device="cpu"), pointer)
+    service = Service(ServeConfig(port=0, watch=0, max_wait_ms=1000, device="cpu"), pointer)
     seen: dict = {}
 
     def operator() -> None:
@@ -117,7 +117,7 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
                 seen["after"] = http.post("/v1/recommend/batch", json={"histories": [["i002"], []]}).json()
                 inflight = threading.Thread(target=lambda: seen.setdefault("inflight", httpx.post(
                     f"{service.url}/v1/recommend", json={"history": ["i003"]}, timeout=TIMEOUT)))
-                inflight.start()  # after a batch of 2, this one waits up to 1.5 s for company
+                inflight.start()  # after a batch of 2, this one waits up to 1 s for company
                 _wait(lambda: http.get("/readyz").json()["queue"] == 1, what="the request in flight")
             os.kill(os.getpid(), signal.SIGTERM)
             inflight.join(TIMEOUT)

@@ -12,6 +12,8 @@ A batch is split into groups that one :meth:`Recommender.rank` call can answer: 
 search keeps ``beams`` candidates and cuts each list; a shorter list is a prefix of a longer one with the same
 beams), so a group is decoded once with its largest ``k`` and each answer is cut to its own. Inside ``rank``
 the group's histories are sorted by length and decoded ``Recommender.batch_size`` at a time (``--decode-batch``).
+A list whose neighbouring scores nearly tie (:data:`TIE_RTOL`) is decoded again alone, so every list is the one
+``Recommender.recommend`` gives for that history.
 
 The queue is bounded in histories admitted and not yet answered (``capacity``): past it :meth:`Batcher.submit`
 raises :class:`Overloaded` and the request gets 503 with Retry-After rather than a growing wait.
@@ -28,9 +30,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from gencli.core.serve.metrics import ServeMetrics
 
 log = logging.getLogger("gencli.serve")
+# Decoded beside other histories (left-padded, rows of one matrix product), a score can differ from the same
+# history's direct decode in its last float bits (about 1e-7 relative). That reorders two items only where their
+# scores tie to those bits, so a list whose neighbours are closer than this is decoded again alone: its order is
+# then exactly Recommender.recommend's.
+TIE_RTOL = 1e-5
 
 
 class Overloaded(Exception):
@@ -60,6 +69,14 @@ def beams_for(rec: Any, k: int) -> int:
 
     n = len(rec)
     return min(max(min(k, n), rec.beams or DEFAULT_BEAMS), n)
+
+
+def near_tie(scores: np.ndarray, rtol: float) -> bool:
+    """Two neighbouring scores of a list (best first, -inf padding) closer than ``rtol`` of their size."""
+    finite = scores[np.isfinite(scores)]
+    if len(finite) < 2:
+        return False
+    return bool((np.abs(np.diff(finite)) <= rtol * np.abs(finite[:-1]).clip(min=1e-30)).any())
 
 
 class Batcher:
@@ -147,17 +164,24 @@ class Batcher:
             groups.setdefault(key, []).append(job)
         for (_, exclude_seen, beams), group in groups.items():
             rec = group[0].served.rec
-            k = max(job.k for job in group)
+            k = min(max(job.k for job in group) + 1, beams)  # one more than asked: a tie at the cut shows
             started = time.perf_counter()
             try:
                 ranked = rec.rank([job.history for job in group], k=k, beams=beams, exclude_seen=exclude_seen)
+                rows = list(zip(ranked.items, ranked.scores, strict=True))
+                if len(group) > 1:
+                    for i, job in enumerate(group):
+                        if near_tie(rows[i][1][: job.k + 1], TIE_RTOL):
+                            alone = rec.rank([job.history], k=job.k, beams=beams, exclude_seen=exclude_seen)
+                            rows[i] = (alone.items[0], alone.scores[0])
+                            self.metrics.alone.inc()
             except Exception as exc:  # noqa: BLE001 - the requests get the error, the thread goes on
                 log.error("decoding a batch of %d failed: %s", len(group), exc)
                 self._settle(group, error=exc)
                 continue
             self.metrics.decode.observe(time.perf_counter() - started)
             self.metrics.batch.observe(len(group))
-            self._settle(group, rows=list(zip(ranked.items, ranked.scores, strict=True)))
+            self._settle(group, rows=rows)
 
     def _settle(self, jobs: list[Job], rows: list | None = None, error: Exception | None = None) -> None:
         """Release the jobs' places in the queue, then answer them (so a client that sees its answer also sees

@@ -141,6 +141,8 @@ class ServeMetrics:
         self.batch = Histogram(r, "gencli_serve_batch_histories", "Histories decoded together in one batch.",
                                SIZE_BUCKETS)
         self.decode = Histogram(r, "gencli_serve_decode_seconds", "Time of one batch's decoding.", LATENCY_BUCKETS)
+        self.alone = Counter(r, "gencli_serve_tie_redecodes_total", "Histories decoded again alone because their "
+                                                                    "batched list held a near-tie.")
         self.queue = Gauge(r, "gencli_serve_queue_histories", "Histories admitted and not yet answered.")
         self.capacity = Gauge(r, "gencli_serve_queue_capacity", "Histories admitted at most (past it: 503).")
         self.model = Gauge(r, "gencli_serve_model_info", "The bundle being served (value 1; labels say which).")
