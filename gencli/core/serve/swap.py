@@ -112,7 +112,7 @@ class Holder:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.loads_done = 0
-        """Reload attempts finished (ok or failed): tests and the docs' smoke check wait on it."""
+        """Reload attempts finished (ok or failed); tests wait on it."""
         self._publish(first)
 
     def start(self) -> None:
