@@ -152,7 +152,7 @@ def load(port: int, histories: list[list[str]], clients: int, k: int, limit_s: f
     for t in threads:
         t.start()
     if during is not None:
-        during()
+        during(lambda: len(times) + failures[0])
     for t in threads:
         t.join()
     return summary(times, time.perf_counter() - started, failures[0]), answers
@@ -176,8 +176,10 @@ def same_answers(rec, port: int, histories: list[list[str]], k: int) -> dict:
 
 def swap_under_load(proc: subprocess.Popen, port: int, link: Path, other: Path, histories, k: int,
                     limit_s: float) -> dict:
-    def switch() -> None:
-        time.sleep(min(2.0, limit_s / 4))
+    def switch(answered) -> None:  # a third of the requests answered by the old bundle, then the link moves
+        deadline = time.perf_counter() + limit_s / 3
+        while answered() < len(histories) // 3 and time.perf_counter() < deadline:
+            time.sleep(0.01)
         tmp = link.with_name(link.name + ".tmp")
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(other.resolve(), target_is_directory=True)
