@@ -72,6 +72,7 @@ REGISTRY: tuple[Step, ...] = (
     Step("probe", "probe", "probe", upstream=("ingest", "quantize"), reads_model=True,  # reads every model step
          key_metrics=("level", "used_codes", "categories", "untouched_share")),
     _cmd("export", "export", "export"),
+    _cmd("serve", "serve", "serve"),
     _cmd("run", "pipeline", "run"),
     _cmd("status", "status", "status"),
     _cmd("models", "models", "models"),

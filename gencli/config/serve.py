@@ -152,3 +152,44 @@ class RunConfig:
         c.positive("keep-bundles", self.keep_bundles)
         c.require(not self.requantize or bool(self.previous), "--requantize only applies with --previous")
         c.done()
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Options of ``gencli serve`` (docs/serving.md): where it listens, how it batches, what it refuses."""
+
+    host: str = option("127.0.0.1", "Address to listen on (127.0.0.1: this machine only; put a reverse proxy in "
+                                    "front rather than 0.0.0.0).")
+    port: int = option(8080, "TCP port (0 = any free port; the startup line names it).")
+    max_batch: int = option(32, "Most histories taken into one batch.")
+    max_wait_ms: float = option(5.0, "Under concurrent load, how long a batch waits for more requests (a lone "
+                                     "request never waits).")
+    decode_batch: int = option(8, "Histories per pass of the beam search: a batch is sorted by history length and "
+                                  "decoded this many at a time (smaller passes keep the search's cache in the CPU's "
+                                  "caches).")
+    queue: int = option(256, "Histories admitted and not yet answered; past it requests get 503 with Retry-After.")
+    max_k: int = option(100, "Largest k a request may ask for.")
+    max_history_ids: int = option(1000, "Most item ids in one history.")
+    max_histories: int = option(64, "Most histories in one batch request.")
+    max_body_bytes: int = option(1_000_000, "Largest request body (413 past it).")
+    watch: float = option(10.0, "Seconds between checks of --bundle for a new bundle (0 = only on SIGHUP).")
+    drain_seconds: float = option(30.0, "On SIGTERM, how long requests in flight may take before they are cut.")
+    device: str = device_option()
+    dtype: str = dtype_option()
+
+    def __post_init__(self) -> None:
+        c = Checks("serve")
+        c.types(self)
+        c.require(bool(self.host), "--host must name an address, e.g. 127.0.0.1")
+        c.require(0 <= self.port <= 65535, f"--port must be in [0, 65535] (got {self.port})")
+        for name in ("max-batch", "decode-batch", "queue", "max-k", "max-history-ids", "max-histories",
+                     "max-body-bytes"):
+            c.positive(name, getattr(self, name.replace("-", "_")))
+        for name in ("max-wait-ms", "watch", "drain-seconds"):
+            c.positive(name, getattr(self, name.replace("-", "_")), allow_zero=True)
+        c.require(self.max_k <= MAX_BEAMS, f"--max-k must be <= {MAX_BEAMS} (got {self.max_k})")
+        c.require(self.max_histories <= self.queue, f"--max-histories ({self.max_histories}) must be <= --queue "
+                                                    f"({self.queue}): a larger batch could never be admitted")
+        c.choice("device", self.device, DEVICES)
+        c.choice("dtype", self.dtype, DTYPES)
+        c.done()

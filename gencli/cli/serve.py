@@ -1,0 +1,71 @@
+"""gencli serve: recommendations over HTTP from a bundle, batched, hot-swapped when --bundle moves."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gencli.cli.common import build_config, fail
+from gencli.cli.options import config_options, values_for
+
+EXTRA = "pip install 'gencli[serve]'"
+
+
+def _options(f):
+    from gencli.config.serve import ServeConfig
+
+    f = config_options(ServeConfig)(f)
+    return click.option("--bundle", required=True, type=click.Path(path_type=Path),
+                        help="The bundle to serve: a folder written by `gencli export`, or the link or pointer file "
+                             "`gencli run --promote` moves (watched: a new bundle is loaded and switched in).")(f)
+
+
+@click.command("serve")
+@_options
+def serve(bundle, **options):
+    """Answer recommendations over HTTP from a bundle (docs/serving.md): POST /v1/recommend, /v1/recommend/batch.
+
+    Concurrent requests are decoded together; when --bundle moves (checked every --watch seconds, and on
+    SIGHUP) the new bundle is loaded beside the old one and switched in without failing a request; a bundle
+    that fails to load leaves the old one serving. SIGTERM answers the requests in flight and exits 0. Needs
+    the serve extra (pip install 'gencli[serve]').
+
+    \b
+    Examples:
+      gencli --threads 1 serve --bundle current
+      gencli serve --bundle ./shop-model --port 0 --watch 0
+    """
+    from gencli.config.serve import ServeConfig
+
+    cfg = build_config(ServeConfig, False, **values_for(ServeConfig, options))
+    missing = [name for name in ("uvicorn", "starlette") if not _importable(name)]
+    if missing:
+        from gencli.errors import InputError
+
+        fail(InputError(f"gencli serve needs {' and '.join(missing)}, which are not installed: {EXTRA}"), False)
+    import logging
+
+    from gencli.cli.common import apply_threads, quiet_libraries
+
+    quiet_libraries()
+    apply_threads()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s gencli serve: %(message)s")
+    try:
+        from gencli.core.serve.server import Service
+
+        service = Service(cfg, bundle)
+    except Exception as error:  # noqa: BLE001 - a bad bundle or a busy port: one message, exit 2
+        fail(error, False)
+    click.echo(f"gencli serve: listening on {service.url} (bundle {service.holder.current.path}, model "
+               f"{service.holder.current.model_id})", err=True)
+    sys.exit(service.serve())
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,151 @@
+"""The HTTP application (Starlette): routes, JSON answers, JSON errors that name their field.
+
+| route | answer |
+| --- | --- |
+| ``POST /v1/recommend`` | one history's top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "k", "exclude_seen", "bundle"}`` |
+| ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped"}, ...], "k", "exclude_seen", "bundle"}``, in input order |
+| ``GET /healthz`` | 200 while the process serves HTTP |
+| ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining |
+| ``GET /metrics`` | the Prometheus text format (:class:`ServeMetrics`) |
+
+``bundle`` is ``{"path", "model_id", "created"}`` of the bundle that answered (also the ``X-Gencli-Model`` header);
+``skipped`` lists the history ids the catalog does not hold, every occurrence in order (``strict``: a 422
+instead). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON, 413 a body over
+``--max-body-bytes``, 422 a field of the wrong type or out of range or an unknown id under ``strict``, 404/405 for
+a wrong route or method, 503 with Retry-After when the queue is full or the server drains, 500 a model failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gencli.core.serve.batcher import Batcher, Overloaded
+from gencli.core.serve.metrics import CONTENT_TYPE, ServeMetrics
+from gencli.core.serve.schema import BadRequest, Limits, Query, batch_query, one_query, parse_json
+from gencli.core.serve.swap import Holder, Served
+from gencli.errors import InputError
+
+log = logging.getLogger("gencli.serve")
+RECOMMEND, BATCH = "/v1/recommend", "/v1/recommend/batch"
+MODEL_HEADER = "X-Gencli-Model"
+
+
+@dataclass
+class State:
+    """What the server tells the app from outside: whether it drains (SIGTERM)."""
+
+    draining: bool = False
+
+
+def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: Limits, state: State) -> Starlette:
+    async def read_body(request: Request) -> bytes:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+            raise BadRequest(413, "body", f"the body has {int(length)} bytes; at most {limits.max_body_bytes} are "
+                                          "read (--max-body-bytes)")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise BadRequest(413, "body", f"the body is over {limits.max_body_bytes} bytes (--max-body-bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def decode(served: Served, query: Query, names: list[str]) -> list[dict[str, Any]]:
+        rec = served.rec
+        resolved = [rec.resolve(h) for h in query.histories]
+        if query.strict:
+            for name, (_, unknown) in zip(names, resolved, strict=True):
+                if unknown:
+                    shown = ", ".join(dict.fromkeys(unknown[:10]))
+                    raise BadRequest(422, name, f"{len(unknown)} id(s) of {name} are not in the catalog of bundle "
+                                                f"{served.model_id}: {shown} (strict)")
+        futures = batcher.submit(served, [known for known, _ in resolved], query.k, query.exclude_seen)
+        rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown}
+                for (items, scores), (_, unknown) in zip(rows, resolved, strict=True)]
+
+    async def answer(request: Request, endpoint: str) -> Response:
+        started = time.perf_counter()
+        served = holder.current  # one bundle answers the whole request, whatever moves meanwhile
+        kind = ""
+        try:
+            if state.draining:
+                raise Overloaded("the server is shutting down; retry on another instance", retry_after=5)
+            body = parse_json(await read_body(request))
+            if endpoint == RECOMMEND:
+                query = one_query(body, limits)
+                result = (await decode(served, query, ["history"]))[0]
+                payload = {"user_id": query.user_id, **result}
+            else:
+                query = batch_query(body, limits)
+                payload = {"results": await decode(served, query, [f"histories[{i}]" for i in
+                                                                    range(len(query.histories))])}
+            payload.update(k=query.k, exclude_seen=query.exclude_seen, bundle=served.describe())
+            response: Response = JSONResponse(payload, headers={MODEL_HEADER: served.model_id})
+        except BadRequest as exc:
+            kind, response = "bad_input", JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        except Overloaded as exc:
+            kind = "overloaded"
+            response = JSONResponse(BadRequest(503, None, str(exc)).body(), status_code=503,
+                                    headers={"Retry-After": str(exc.retry_after)})
+        except InputError as exc:  # what rank refuses (k and beams past the catalog's bound)
+            kind, response = "bad_input", JSONResponse(BadRequest(422, "k", str(exc)).body(), status_code=422)
+        except Exception as exc:  # noqa: BLE001 - a model failure is one 500 with its message, the server goes on
+            log.exception("request to %s failed", endpoint)
+            kind = "internal"
+            response = JSONResponse(BadRequest(500, None, f"{type(exc).__name__}: {exc}").body(), status_code=500)
+        metrics.latency.observe(time.perf_counter() - started, endpoint=endpoint)
+        count(endpoint, response.status_code, kind)
+        return response
+
+    def count(endpoint: str, status: int, kind: str = "") -> None:
+        metrics.requests.inc(endpoint=endpoint, status=str(status))
+        if kind:
+            metrics.errors.inc(endpoint=endpoint, kind=kind)
+
+    async def recommend(request: Request) -> Response:
+        return await answer(request, RECOMMEND)
+
+    async def batch(request: Request) -> Response:
+        return await answer(request, BATCH)
+
+    async def healthz(request: Request) -> Response:
+        count("/healthz", 200)
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if state.draining:
+            count("/readyz", 503)
+            return JSONResponse({"status": "draining"}, status_code=503)
+        count("/readyz", 200)
+        return JSONResponse({"status": "ready", "bundle": holder.current.describe(), "queue": batcher.admitted,
+                             "capacity": batcher.capacity})
+
+    async def metrics_view(request: Request) -> Response:
+        count("/metrics", 200)
+        return Response(metrics.registry.render(), media_type=CONTENT_TYPE)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        message = {404: f"no endpoint {request.url.path}; try POST {RECOMMEND}, POST {BATCH}, GET /healthz, "
+                        "/readyz or /metrics",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+        count("other", status, "bad_input")
+        return JSONResponse(BadRequest(status, None, message).body(), status_code=status,
+                            headers=getattr(exc, "headers", None))
+
+    routes = [Route(RECOMMEND, recommend, methods=["POST"]), Route(BATCH, batch, methods=["POST"]),
+              Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"]),
+              Route("/metrics", metrics_view, methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

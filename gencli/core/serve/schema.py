@@ -1,0 +1,135 @@
+"""Request bodies of ``gencli serve``, checked field by field: every refusal names its field.
+
+``POST /v1/recommend``::
+
+    {"history": ["i0001", "i0042"], "k": 10, "exclude_seen": true, "strict": false, "user_id": "u1"}
+
+``POST /v1/recommend/batch``::
+
+    {"histories": [["i0001"], ["i0007", "i0300"]], "k": 10, "exclude_seen": true, "strict": false}
+
+Only ``history`` / ``histories`` is required; the defaults are :meth:`Recommender.recommend`'s (k 10, seen items
+excluded, unknown ids skipped). Item ids are strings (integers are read as their decimal text, as ``gencli
+recommend --stdin`` reads them). ``user_id`` is echoed back and not used. Unknown fields are refused, so a typo
+(``exclude-seen``) is an error rather than a default silently applied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_K = 10  # Recommender.recommend's defaults: the answer to the same history is the same
+ONE_FIELDS = ("history", "k", "exclude_seen", "strict", "user_id")
+BATCH_FIELDS = ("histories", "k", "exclude_seen", "strict")
+
+
+class BadRequest(Exception):
+    """A 4xx answer: ``{"error": {"status", "field", "message"}}``."""
+
+    def __init__(self, status: int, field: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.field, self.message, self.headers = status, field, message, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"status": self.status, "field": self.field, "message": self.message}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_k: int = 100
+    max_ids: int = 1000
+    max_histories: int = 64
+    max_body_bytes: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class Query:
+    histories: list[list[str]]
+    k: int
+    exclude_seen: bool
+    strict: bool
+    user_id: Any = None
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON (400 naming ``body`` when it is not UTF-8 JSON, or is nested absurdly deep)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(400, "body", f"the body is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(400, "body", "the body is nested too deeply to be a request") from None
+    except (json.JSONDecodeError, ValueError) as exc:
+        detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) \
+            else str(exc)
+        raise BadRequest(400, "body", f"the body is not valid JSON ({detail})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _object(obj: Any, fields: tuple[str, ...], example: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadRequest(422, "body", f"the body must be a JSON object like {example}")
+    unknown = [key for key in obj if key not in fields]
+    if unknown:
+        raise BadRequest(422, unknown[0], f"unknown field {unknown[0]!r}; the fields are {', '.join(fields)}")
+    return obj
+
+
+def _history(value: Any, name: str, limits: Limits) -> list[str]:
+    if not isinstance(value, list):
+        raise BadRequest(422, name, f"{name} must be a list of item ids (strings), oldest first")
+    if len(value) > limits.max_ids:
+        raise BadRequest(422, name, f"{name} holds {len(value)} ids; at most {limits.max_ids} are read (send the "
+                                    "most recent ones: the prompt keeps only the last few anyway)")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise BadRequest(422, f"{name}[{i}]", f"{name}[{i}] must be an item id (a string), got "
+                                                  f"{type(item).__name__}")
+        out.append(str(item))
+    return out
+
+
+def _options(obj: dict[str, Any], limits: Limits) -> tuple[int, bool, bool]:
+    k = obj.get("k", DEFAULT_K)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+        raise BadRequest(422, "k", f"k must be an integer in [1, {limits.max_k}] (got {json.dumps(k)})")
+    flags = []
+    for name, default in (("exclude_seen", True), ("strict", False)):
+        value = obj.get(name, default)
+        if not isinstance(value, bool):
+            raise BadRequest(422, name, f"{name} must be true or false (got {json.dumps(value)})")
+        flags.append(value)
+    return k, flags[0], flags[1]
+
+
+def one_query(obj: Any, limits: Limits) -> Query:
+    obj = _object(obj, ONE_FIELDS, '{"history": ["i1", "i2"], "k": 10}')
+    if "history" not in obj:
+        raise BadRequest(422, "history", "history is required: a list of item ids, oldest first ([] = none)")
+    history = _history(obj["history"], "history", limits)
+    user_id = obj.get("user_id")
+    if user_id is not None and (isinstance(user_id, bool) or not isinstance(user_id, (str, int))):
+        raise BadRequest(422, "user_id", "user_id must be a string (it is echoed back, not used)")
+    k, exclude_seen, strict = _options(obj, limits)
+    return Query([history], k, exclude_seen, strict, user_id)
+
+
+def batch_query(obj: Any, limits: Limits) -> Query:
+    obj = _object(obj, BATCH_FIELDS, '{"histories": [["i1"], ["i2", "i3"]], "k": 10}')
+    histories = obj.get("histories")
+    if not isinstance(histories, list) or not histories:
+        raise BadRequest(422, "histories", "histories is required: a non-empty list of histories (lists of ids)")
+    if len(histories) > limits.max_histories:
+        raise BadRequest(422, "histories", f"histories holds {len(histories)} histories; at most "
+                                           f"{limits.max_histories} per request (split it)")
+    parsed = [_history(h, f"histories[{i}]", limits) for i, h in enumerate(histories)]
+    k, exclude_seen, strict = _options(obj, limits)
+    return Query(parsed, k, exclude_seen, strict)

@@ -1,0 +1,167 @@
+"""The served bundle and its hot swap: ``--bundle`` is watched, a new bundle is loaded beside the old one and
+switched in with one reference assignment.
+
+``--bundle`` is what ``gencli run --promote`` moves: a symbolic link (``current -> current.bundles/<run>``), a
+pointer file holding a bundle's path, or a plain bundle folder (replaced by ``gencli export --force``). The
+watcher compares a signature every ``watch`` seconds: the resolved bundle folder and the identity of its
+``gencli.json`` (inode, size, mtime). When it changes, or on SIGHUP, the new bundle is loaded and checked by
+:meth:`Recommender.load` in the watcher's thread, warmed up with one decode, and only then made current. A
+request holds the :class:`Served` it started on (its ids are resolved against that catalog), so requests in
+flight finish on the old model; the old one is freed when the last of them is answered. A bundle that fails
+to load leaves the old one serving: the failure is logged and counted, and the same signature is not retried
+until it changes again (or SIGHUP).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gencli.core.serve.metrics import ServeMetrics
+
+log = logging.getLogger("gencli.serve")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One loaded bundle: its Recommender and how responses name it."""
+
+    rec: Any
+    """A :class:`gencli.core.infer.recommend.Recommender`."""
+    path: str
+    """The resolved bundle folder it was loaded from."""
+    model_id: str
+    created: str
+    loaded_at: float = field(default_factory=time.time)
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.path, "model_id": self.model_id, "created": self.created}
+
+
+def model_id(meta: dict[str, Any]) -> str:
+    """A short content id of a bundle: the sha256 of its per-file digests (or of gencli.json when it has none).
+
+    Two exports of the same model and catalog get the same id; any changed file changes it.
+    """
+    basis = meta.get("sha256") if isinstance(meta.get("sha256"), dict) and meta.get("sha256") else meta
+    text = json.dumps(basis, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def resolve_bundle(path: Path) -> Path:
+    """The bundle folder ``path`` names now: links resolved, a pointer file followed (as Recommender.load does)."""
+    from gencli.core.infer.bundle import follow_pointer
+
+    target = follow_pointer(Path(path))
+    if not target.is_absolute():  # a relative path inside a pointer file is read as gencli reads it: from the cwd
+        target = Path.cwd() / target
+    return Path(os.path.realpath(target))
+
+
+def signature(path: Path) -> tuple | None:
+    """What identifies the bundle ``path`` names now; None while it cannot be read (mid-switch, missing)."""
+    from gencli.core.infer.bundle import BUNDLE_JSON
+
+    try:
+        folder = resolve_bundle(path)
+        st = os.stat(folder / BUNDLE_JSON)
+    except Exception as exc:  # noqa: BLE001 - OSError, or an InputError for an unreadable pointer file
+        log.debug("bundle %s unreadable: %s", path, exc)
+        return None
+    return str(folder), st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_batch: int = 0) -> Served:
+    """Load and check the bundle ``path`` names now, warmed up with one decode (InputError naming the problem)."""
+    from gencli.core.infer.recommend import Recommender
+
+    folder = resolve_bundle(path)
+    rec = Recommender.load(folder, device=device, dtype=dtype)
+    if decode_batch:
+        rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
+    rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
+    meta = rec.metadata
+    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")))
+
+
+class Holder:
+    """The current :class:`Served`, and the watcher thread that replaces it.
+
+    ``current`` is read without a lock (one attribute read); only the watcher thread writes it.
+    """
+
+    def __init__(self, path: Path, first: Served, metrics: ServeMetrics, watch_s: float,
+                 load: Callable[[Path], Served]):
+        self.path = Path(path)
+        self.current = first
+        self.metrics = metrics
+        self.watch_s = watch_s
+        self._load = load
+        seen = signature(self.path)  # had --bundle already moved on while the first load ran, the next check loads
+        self._seen = seen if seen is not None and seen[0] == first.path else None
+        self._wake = threading.Event()
+        self._forced = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.loads_done = 0
+        """Reload attempts finished (ok or failed); tests wait on it."""
+        self._publish(first)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="gencli-serve-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)  # a load in progress is abandoned (daemon thread): the process exits
+
+    def request_reload(self) -> None:
+        """Load the bundle again now, changed or not (SIGHUP). Safe from a signal handler: it only sets a flag."""
+        self._forced = True
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self.watch_s if self.watch_s > 0 else None)
+            self._wake.clear()
+            if self._stopped:
+                return
+            forced, self._forced = self._forced, False
+            now = signature(self.path)
+            if forced or (now is not None and now != self._seen):
+                self._seen = now
+                self.reload(reason="SIGHUP" if forced else "the bundle moved")
+
+    def reload(self, reason: str = "") -> bool:
+        """Load ``path`` beside the current bundle and switch to it; False (old one kept) when it fails."""
+        old = self.current
+        started = time.perf_counter()
+        try:
+            new = self._load(self.path)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the old bundle serving
+            self.metrics.reloads.inc(result="failed")
+            log.error("reload (%s) failed, still serving %s (model %s): %s", reason or "asked", old.path,
+                      old.model_id, exc)
+            self.loads_done += 1
+            return False
+        self.current = new  # the switch: requests from now on resolve and decode on the new bundle
+        self.metrics.reloads.inc(result="ok")
+        self._publish(new)
+        log.info("reloaded (%s) in %.1f s: now serving %s (model %s), before %s (model %s)", reason or "asked",
+                 time.perf_counter() - started, new.path, new.model_id, old.path, old.model_id)
+        self.loads_done += 1
+        return True
+
+    def _publish(self, served: Served) -> None:
+        self.metrics.model.replace(1, model_id=served.model_id, path=served.path, created=served.created)
+        self.metrics.loaded.set(served.loaded_at)

@@ -1,0 +1,109 @@
+"""Fixtures of the serve tests: tiny real bundles (two models on one catalog, one broken) and a real server on
+127.0.0.1 at an ephemeral port, run in a thread of the test process (no torch start-up per server)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from factories import tiny_qwen3
+
+from gencli.core import artifacts
+
+LEVELS = (4, 4, 3)
+BASE = 30
+N_ITEMS = 40
+MAX_HISTORY = 6
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory) -> dict[str, Path]:
+    """``a`` and ``b``: the same 40-item catalog with two differently seeded tiny Qwen3 models (their lists
+    differ); ``broken``: a copy of ``b`` with a truncated weights file (refused at load)."""
+    import torch
+
+    from gencli.core.infer import bundle
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("serve-bundles")
+    offsets = np.cumsum([BASE, *LEVELS[:-1]])
+    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, LEVELS, strict=True)]
+    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
+                                                        "pad_id": 0, "base_vocab_size": BASE}))
+    rng = np.random.default_rng(0)
+    codes = np.unique(np.stack([rng.integers(0, k, 200) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    ids = [f"i{i:03d}" for i in range(N_ITEMS)]
+    titles = [f"Title {i}" for i in range(N_ITEMS)]
+    out = {}
+    for name, seed in (("a", 0), ("b", 1)):
+        tiny_qwen3(BASE + sum(LEVELS), seed=seed).save_pretrained(root / f"model-{name}")
+        meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {},
+                "decode": {"max_history": MAX_HISTORY, "k": 10, "beams": 20, "exclude_seen": True}}
+        out[name] = root / name
+        bundle.write_bundle(out[name], root / f"model-{name}", root / artifacts.SID_VOCAB, ids, titles, codes, meta)
+    out["broken"] = root / "broken"
+    shutil.copytree(out["b"], out["broken"])
+    weights = out["broken"] / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return out
+
+
+@pytest.fixture(scope="session")
+def recommenders(bundles):
+    """The reference: Recommender.load of each good bundle, answering with Recommender.recommend."""
+    from gencli import Recommender
+
+    return {name: Recommender.load(bundles[name], device="cpu") for name in ("a", "b")}
+
+
+def serve_config(**changes):
+    from gencli.config.serve import ServeConfig
+
+    return replace(ServeConfig(port=0, watch=0, device="cpu"), **changes)
+
+
+@contextlib.contextmanager
+def running(bundle: Path, **changes):
+    """A real server on 127.0.0.1 (ephemeral port) in a thread; yields the Service, stops it (drained) after."""
+    from gencli.core.serve.server import Service
+
+    service = Service(serve_config(**changes), bundle)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(service.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not service.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(60)
+        assert not thread.is_alive() and codes == [0]
+
+
+def link(path: Path, target: Path) -> None:
+    """Point the symbolic link ``path`` at ``target`` atomically (what `gencli run --promote` does)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target, target_is_directory=True)
+    tmp.replace(path)
+
+
+@pytest.fixture
+def serving():
+    """``with serving(bundle, **ServeConfig changes) as service:`` (see :func:`running`)."""
+    return running
+
+
+@pytest.fixture
+def relink():
+    return link

@@ -1,0 +1,45 @@
+"""The decode thread's batches give Recommender.recommend's lists: deterministically, without HTTP, on both tiny
+models, including the lists with near-ties that it decodes again alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gencli.core.serve.batcher import TIE_RTOL, Batcher, Job, near_tie
+from gencli.core.serve.metrics import ServeMetrics
+from gencli.core.serve.swap import load_served
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_near_tie():
+    assert near_tie(np.array([-3.0, -3.00001, -5.0], np.float32), 1e-5)
+    assert not near_tie(np.array([-3.0, -3.001, -np.inf], np.float32), 1e-5)
+    assert not near_tie(np.array([-3.0, -np.inf, -np.inf], np.float32), 1e-5)  # padding is no tie
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_batches_equal_recommend_list_for_list(bundles, recommenders, name):
+    served = load_served(bundles[name], device="cpu", decode_batch=8)
+    rec = recommenders[name]
+    metrics = ServeMetrics()
+    batcher = Batcher(metrics, max_batch=16)
+    rng = np.random.default_rng(7)
+    histories = [[f"i{i:03d}" for i in rng.integers(0, 40, rng.integers(0, 10))] for _ in range(96)]
+    jobs = []
+    for start in range(0, len(histories), 16):  # what the decode thread does with a window of 16 requests
+        part = [Job(served, served.rec.resolve(h)[0], (10, 5, 25)[i % 3], i % 4 != 0)
+                for i, h in enumerate(histories[start:start + 16], start)]
+        batcher._admitted += len(part)
+        batcher._decode(part)
+        jobs += part
+    same_bits = 0
+    for history, job in zip(histories, jobs, strict=True):
+        items, scores = job.future.result()
+        want = rec.recommend(history, k=job.k, exclude_seen=job.exclude_seen)
+        assert [rec.item_ids[i] for i in items if i >= 0] == [r.item_id for r in want]
+        np.testing.assert_allclose(scores[: len(want)], [r.score for r in want], rtol=TIE_RTOL)
+        same_bits += scores[: len(want)].tolist() == [r.score for r in want]
+    assert metrics.batch.count() == 24  # 6 windows x 2 beam widths (k <= 20 share 20 beams) x exclude_seen or not
+    assert metrics.alone.get() > 0 and same_bits >= metrics.alone.get()  # redecoded alone: exact, bit for bit

@@ -1,0 +1,18 @@
+"""bench/serve.py runs from the repository root with its smallest arguments and writes what it promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bench_runner import run_bench
+
+
+@pytest.mark.slow
+def test_bench_serve_smoke(bundles, tmp_path):
+    proc = run_bench("bench/serve.py", "--bundle", str(bundles["a"]), "--requests", "24", "--time-limit", "20",
+                     "--concurrency", "1,4", env={"GENCLI_BENCH_CACHE": str(tmp_path)}, timeout=600)
+    result = json.loads((tmp_path / "serve-results.json").read_text())
+    assert set(result["serve"]) == {"1", "4"} and result["swap"]["failures"] == 0 and result["server_exit"] == 0
+    assert result["identity"]["same_items"] == result["identity"]["histories"]
+    assert "serve, 4 client(s)" in proc.stdout and "targets:" not in proc.stdout  # no 16-client level asked

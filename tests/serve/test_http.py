@@ -1,0 +1,167 @@
+"""gencli serve over real HTTP (httpx) on 127.0.0.1: answers equal Recommender.recommend's, batched; every bad
+input is a 4xx naming its field; a full queue is 503 with Retry-After."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:skipped .* not in the catalog")]
+
+TIMEOUT = 30.0
+
+
+def _histories(n: int, seed: int) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    return [[f"i{i:03d}" for i in rng.integers(0, 40, rng.integers(0, 10))] for _ in range(n)]
+
+
+def _same(want, got: list[dict]) -> None:
+    """Items in the same order; scores equal up to the last float bits (a history decoded beside others is
+    left-padded, and a matrix product over several rows rounds differently from one over a single row)."""
+    assert [g["item_id"] for g in got] == [r.item_id for r in want]
+    assert [g["title"] for g in got] == [r.title for r in want]
+    np.testing.assert_allclose([g["score"] for g in got], [r.score for r in want], rtol=1e-5)
+
+
+def _metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_concurrent_answers_equal_recommend_and_are_batched(bundles, recommenders, serving):
+    rec = recommenders["a"]
+    histories = _histories(32, seed=1)
+    histories[3] = ["i001", "nope", "i002", "nope"]  # unknown ids are skipped and named, every occurrence
+    asks = [{"history": h, "k": (3, 5, 10, 25)[i % 4], "exclude_seen": i % 3 != 0, "user_id": f"u{i}"}
+            for i, h in enumerate(histories)]
+    got: dict[int, httpx.Response] = {}
+    with serving(bundles["a"], max_wait_ms=200) as service:
+        base = service.url
+        with httpx.Client(base_url=base, timeout=TIMEOUT) as client:  # a batch of 2 first: the next window waits
+            first = client.post("/v1/recommend/batch", json={"histories": [["i005"], []], "k": 4})
+        start = threading.Barrier(8)
+
+        def worker(part: list[int]) -> None:
+            with httpx.Client(base_url=base, timeout=TIMEOUT) as client:
+                start.wait()
+                for i in part:
+                    got[i] = client.post("/v1/recommend", json=asks[i])
+
+        threads = [threading.Thread(target=worker, args=(list(range(w, 32, 8)),)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        metrics = httpx.get(f"{base}/metrics", timeout=TIMEOUT).text
+        ready = httpx.get(f"{base}/readyz", timeout=TIMEOUT).json()
+    assert first.status_code == 200
+    for i, ask in enumerate(asks):
+        answer = got[i]
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        _same(rec.recommend(ask["history"], k=ask["k"], exclude_seen=ask["exclude_seen"]), body["items"])
+        assert body["user_id"] == f"u{i}" and body["k"] == ask["k"] and body["exclude_seen"] == ask["exclude_seen"]
+        assert body["skipped"] == ([u for u in ask["history"] if u not in rec.index])
+        assert body["bundle"] == {"path": str(bundles["a"].resolve()), "model_id": service.holder.current.model_id,
+                                  "created": rec.metadata["created"]}
+        assert answer.headers["x-gencli-model"] == body["bundle"]["model_id"]
+    assert got[3].json()["skipped"] == ["nope", "nope"]
+    assert ready["status"] == "ready" and ready["bundle"]["path"] == str(bundles["a"].resolve())
+    # 34 histories in fewer batches than requests: concurrent requests were decoded together
+    assert _metric(metrics, "gencli_serve_batch_histories_sum") == 34
+    assert _metric(metrics, "gencli_serve_batch_histories_count") < 20
+    assert _metric(metrics, 'gencli_serve_requests_total{endpoint="/v1/recommend",status="200"}') == 32
+
+
+def test_batch_endpoint_keeps_order_and_equals_recommend(bundles, recommenders, serving):
+    rec = recommenders["a"]
+    histories = [*_histories(5, seed=2), [], ["i007", "gone"]]
+    with serving(bundles["a"]) as service:
+        r = httpx.post(f"{service.url}/v1/recommend/batch", json={"histories": histories, "k": 6,
+                                                                  "exclude_seen": False}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["results"]) == len(histories) and body["k"] == 6 and body["exclude_seen"] is False
+    for history, result in zip(histories, body["results"], strict=True):
+        _same(rec.recommend(history, k=6, exclude_seen=False), result["items"])
+    assert body["results"][-1]["skipped"] == ["gone"] and body["results"][0]["skipped"] == []
+    assert body["bundle"]["path"] == str(bundles["a"].resolve())
+
+
+BAD = [  # (route, body as bytes or JSON, status, field)
+    ("/v1/recommend", b'{"history": ["i001"', 400, "body"),
+    ("/v1/recommend", b"\xff\xfe not text", 400, "body"),
+    ("/v1/recommend", b"[" * 100_000, 400, "body"),
+    ("/v1/recommend", b'{"history": [], "k": NaN}', 400, "body"),
+    ("/v1/recommend", ["i001"], 422, "body"),
+    ("/v1/recommend", {"k": 5}, 422, "history"),
+    ("/v1/recommend", {"history": "i001"}, 422, "history"),
+    ("/v1/recommend", {"history": ["i001", 2.5]}, 422, "history[1]"),
+    ("/v1/recommend", {"history": ["i001", None]}, 422, "history[1]"),
+    ("/v1/recommend", {"history": ["i001"] * 51}, 422, "history"),
+    ("/v1/recommend", {"history": [], "k": 0}, 422, "k"),
+    ("/v1/recommend", {"history": [], "k": 31}, 422, "k"),
+    ("/v1/recommend", {"history": [], "k": "5"}, 422, "k"),
+    ("/v1/recommend", {"history": [], "k": True}, 422, "k"),
+    ("/v1/recommend", {"history": [], "exclude_seen": "yes"}, 422, "exclude_seen"),
+    ("/v1/recommend", {"history": [], "strict": 1}, 422, "strict"),
+    ("/v1/recommend", {"history": [], "user_id": {"id": 1}}, 422, "user_id"),
+    ("/v1/recommend", {"history": [], "exclude-seen": False}, 422, "exclude-seen"),
+    ("/v1/recommend", {"history": ["i001", "nope"], "strict": True}, 422, "history"),
+    ("/v1/recommend", {"history": ["x" * 300_000]}, 413, "body"),
+    ("/v1/recommend/batch", {"histories": []}, 422, "histories"),
+    ("/v1/recommend/batch", {"histories": [["i001"]] * 5}, 422, "histories"),
+    ("/v1/recommend/batch", {"histories": [["i001"], "i002"]}, 422, "histories[1]"),
+    ("/v1/recommend/batch", {"histories": [["i001"], ["i002", False]]}, 422, "histories[1][1]"),
+    ("/v1/recommend/batch", {"histories": [["i001"], ["i002", "nope"]], "strict": True}, 422, "histories[1]"),
+    ("/v1/recommend/batch", {"history": ["i001"]}, 422, "history"),
+]
+
+
+def test_every_bad_input_is_a_4xx_json_error_naming_its_field(bundles, serving):
+    with serving(bundles["a"], max_k=30, max_history_ids=50, max_histories=4, max_body_bytes=200_000) as service, \
+            httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
+        for route, body, status, field in BAD:
+            r = client.post(route, content=body) if isinstance(body, bytes) else client.post(route, json=body)
+            assert r.status_code == status, (route, body if len(str(body)) < 200 else "...", r.text)
+            error = r.json()["error"]
+            assert error["field"] == field and error["status"] == status and error["message"], (body, error)
+        assert "nope" in client.post("/v1/recommend", json={"history": ["nope"], "strict": True}).text
+        wrong_route, wrong_method = client.get("/v2/anything"), client.get("/v1/recommend")
+        assert (wrong_route.status_code, wrong_method.status_code) == (404, 405)
+        assert "/v1/recommend" in wrong_route.json()["error"]["message"]
+        ok = client.post("/v1/recommend", json={"history": ["i001"], "k": 30})  # the server still answers
+        metrics = client.get("/metrics").text
+    assert ok.status_code == 200 and len(ok.json()["items"]) == 30
+    assert _metric(metrics, 'gencli_serve_errors_total{endpoint="/v1/recommend",kind="bad_input"}') == 21
+
+
+def test_a_full_queue_is_503_with_retry_after_and_the_admitted_request_is_answered(bundles, serving):
+    with serving(bundles["a"], queue=3, max_histories=3, max_wait_ms=3000) as service, \
+            httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
+        assert client.post("/v1/recommend/batch", json={"histories": [["i001"], ["i002"]]}).status_code == 200
+        waiting: list[httpx.Response] = []  # the window after a batch of 2 waits (up to 3 s) for a second history
+        thread = threading.Thread(target=lambda: waiting.append(httpx.post(
+            f"{service.url}/v1/recommend", json={"history": ["i003"]}, timeout=TIMEOUT)))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while client.get("/readyz").json()["queue"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        full = client.post("/v1/recommend/batch", json={"histories": [["i004"], ["i005"], ["i006"]]})
+        assert full.status_code == 503 and full.headers["retry-after"] == "1"
+        assert full.json()["error"]["message"].startswith("the queue is full (1 of 3")
+        started = time.monotonic()
+        fits = client.post("/v1/recommend", json={"history": ["i007"]})  # 1 + 1 <= 3: admitted, fills the window
+        thread.join(TIMEOUT)
+        assert time.monotonic() - started < 2.5  # answered when the batch filled up, not at the deadline
+        metrics = client.get("/metrics").text
+    assert fits.status_code == 200 and waiting[0].status_code == 200
+    assert _metric(metrics, 'gencli_serve_errors_total{endpoint="/v1/recommend/batch",kind="overloaded"}') == 1
+    assert _metric(metrics, "gencli_serve_queue_capacity") == 3 and _metric(metrics, "gencli_serve_queue_histories") == 0
