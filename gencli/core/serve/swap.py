@@ -47,10 +47,13 @@ class Served:
 
 
 def model_id(meta: dict[str, Any]) -> str:
-    """A short content id of a bundle: the sha256 of its per-file digests (or of gencli.json when it has none).
+    """The bundle's ``model_id`` (gencli.json: what every recommendation file names, ``sft@3f2a9c1d0b7e``); for a
+    bundle exported before it, a short content id: the sha256 of its per-file digests (or of gencli.json).
 
     Two exports of the same model and catalog get the same id; any changed file changes it.
     """
+    if isinstance(meta.get("model_id"), str) and meta["model_id"]:
+        return meta["model_id"]
     basis = meta.get("sha256") if isinstance(meta.get("sha256"), dict) and meta.get("sha256") else meta
     text = json.dumps(basis, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
