@@ -111,7 +111,7 @@ def test_eval_measures_what_recommend_serves_next_to_the_baselines(trained, cata
         assert [item["item_id"] for item in got] == [ids[i] for i in row["items"]]
     plain = _run(trained, "eval", "--beams", "20", "--k", "10", "--max-users", "8", "--ranking", "model", "--force",
                  "--json")
-    assert _json(plain)["metrics"]["ranking"] == "model"
+    assert _json(plain)["metrics"]["ranking"] == {"weight": 1.0, "prefix": 0.0, "temperature": 0.2}
     assert _json(plain)["metrics"]["overall"] == _json(plain)["metrics"]["model_only"]
     bad = _run(trained, "eval", "--ranking", "mixed")
     assert bad.exit_code == 2 and "mixed" in bad.output

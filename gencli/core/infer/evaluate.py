@@ -21,7 +21,7 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blend import Ranker, content_ranking, fit_blend, rank
-from gencli.core.infer.content import TEMPERATURES
+from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES
 from gencli.core.infer.metrics import (
     coverage_at_k,
     popularity_percentile_at_k,
@@ -278,7 +278,7 @@ def run(
     summary = {
         "split": cfg.split,
         "exclude_seen": cfg.exclude_seen,
-        "ranking": result["blend"].to_dict() if "blend" in result and not result["blend"].model_only else "model",
+        "ranking": result.get("blend", MODEL_ONLY).to_dict(),  # weight 1: the model alone
         "beams": cfg.beams,
         "k": list(cfg.k),
         "users": int(len(user_idx)),

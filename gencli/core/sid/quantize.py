@@ -36,27 +36,21 @@ from gencli.config import QuantizeConfig
 from gencli.core import artifacts
 from gencli.core.device import peak_rss_mib, resolve_device
 from gencli.core.progress import SILENT, Progress
+from gencli.core.sid import reuse
 from gencli.core.sid.collab import blend, collab_vectors, from_text_neighbours
-from gencli.core.sid.kmeans import kmeans, nearest
+from gencli.core.sid.kmeans import kmeans
 from gencli.core.sid.minibatch import minibatch_kmeans, resolve_mode
+from gencli.core.sid.residual import (  # noqa: F401 - assign, residual_errors, ZERO_NORM: quantize's public API
+    ZERO_NORM,
+    _as_tensor,
+    _to_residual,
+    assign,
+    dedup_level,
+    normalise,
+    residual_errors,
+)
 from gencli.core.sid.store import PreviousCodebooks, collision_stats, usage_stats, write_outputs
 from gencli.errors import ArtifactError, InputError
-
-ZERO_NORM = 1e-6  # residuals at most this long count as zero (their direction is rounding noise)
-
-
-def normalise(r: torch.Tensor) -> torch.Tensor:
-    """Rows divided by their L2 norm, in place; rows with norm <= ZERO_NORM become zero. Returns the norms."""
-    norms = torch.linalg.vector_norm(r, dim=1)
-    scale = torch.where(norms > ZERO_NORM, 1.0 / norms.clamp_min(ZERO_NORM), torch.zeros_like(norms))
-    r.mul_(scale[:, None])
-    return norms
-
-
-def _as_tensor(x: np.ndarray | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
-    """A float32 copy on ``device`` (the caller's array is never modified)."""
-    t = torch.as_tensor(x)
-    return t.to(device=device or t.device, dtype=torch.float32, copy=True)
 
 
 def residual_kmeans(
@@ -132,84 +126,6 @@ def _check_enough_items(n: int, codes: Sequence[int]) -> None:
         )
 
 
-def _to_residual(u: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """u <- normalise(u - centers[labels]) in place, block by block. Returns ||u - centers[labels]|| per row."""
-    norms = torch.empty(u.shape[0], dtype=u.dtype, device=u.device)
-    for start in range(0, u.shape[0], batch_size):
-        block = u[start : start + batch_size]
-        block.sub_(centers.index_select(0, labels[start : start + batch_size]))
-        norms[start : start + batch_size] = normalise(block)
-    return norms
-
-
-def assign(
-    x: np.ndarray | torch.Tensor,
-    codebooks: Sequence[np.ndarray | torch.Tensor],
-    batch_size: int = 65536,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """Codes [n, L] (int64, CPU) of every row of x under fixed codebooks: nearest centroid level by level.
-
-    Uses the same distance blocks and residual rule as :func:`residual_kmeans`, so assigning the
-    training items to their own codebooks reproduces the trained codes exactly.
-    """
-    u = _as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x, device)
-    normalise(u)
-    out = []
-    for book in codebooks:
-        centers = _as_tensor(book, u.device)
-        labels, _ = nearest(u, centers, batch_size)
-        _to_residual(u, centers, labels, batch_size)
-        out.append(labels.cpu())
-    return torch.stack(out, 1) if out else torch.empty(u.shape[0], 0, dtype=torch.long)
-
-
-def residual_errors(
-    x: np.ndarray | torch.Tensor,
-    codebooks: Sequence[np.ndarray | torch.Tensor],
-    codes: np.ndarray | torch.Tensor,
-    batch_size: int = 65536,
-) -> tuple[list[float], float]:
-    """(quant_error per level, reconstruction_error) of given codes, following the codes (not argmin).
-
-    Definitions in the module docstring; computed in float64 on CPU, ``batch_size`` rows at a time.
-    """
-    x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).cpu()
-    codes_t = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes).cpu().long()
-    books = [torch.as_tensor(np.asarray(b) if not isinstance(b, torch.Tensor) else b).cpu().double() for b in codebooks]
-    level_sums = torch.zeros(len(books), dtype=torch.float64)
-    recon_sum = torch.zeros((), dtype=torch.float64)
-    for start in range(0, x.shape[0], batch_size):
-        u = x[start : start + batch_size].to(torch.float64, copy=True)
-        normalise(u)
-        product = torch.ones(u.shape[0], dtype=torch.float64)
-        for level, book in enumerate(books):
-            u.sub_(book.index_select(0, codes_t[start : start + batch_size, level]))
-            sq = normalise(u).square()
-            level_sums[level] += sq.sum()
-            product.mul_(sq)
-        recon_sum += product.sum()
-    n = max(x.shape[0], 1)
-    return [float(s) / n for s in level_sums], float(recon_sum) / n
-
-
-def dedup_level(codes: np.ndarray) -> np.ndarray:
-    """Dedup code per item [n]: 0 for the first item (lowest row) of each group sharing a full SID, then 1, 2, ..."""
-    codes = np.asarray(codes)
-    if codes.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    _, group = np.unique(codes, axis=0, return_inverse=True)
-    group = group.reshape(-1)
-    order = np.argsort(group, kind="stable")  # rows of a group stay in item order
-    sorted_groups = group[order]
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    sizes = np.diff(np.r_[starts, len(order)])
-    rank = np.arange(len(order)) - np.repeat(starts, sizes)
-    dedup = np.empty(len(order), dtype=np.int64)
-    dedup[order] = rank
-    return dedup
-
-
 def run(
     cfg: QuantizeConfig,
     embeddings: np.ndarray,
@@ -236,7 +152,7 @@ def run(
     x = _check_embeddings(embeddings, item_ids)
     collab: dict[str, Any] = {}
     if previous is not None:
-        x, estimated = _match_previous(x, previous, item_ids, cfg.cold_collab)
+        x, estimated = reuse.match_previous(x, previous, item_ids, cfg.cold_collab)
         if estimated is not None:
             collab["collab_from_text"] = estimated
     elif cfg.collab > 0:  # training sequences add co-consumption: gencli.core.sid.collab
@@ -260,7 +176,7 @@ def run(
         full = np.concatenate([base, dedup_level(base)[:, None]], axis=1)
         extra: dict[str, Any] = {"mode": "train", "kmeans": mode, "items_new": n, "items_kept": 0}
     else:
-        books, full, extra = _reuse(previous, x, item_ids, cfg, device, progress)
+        books, full, extra = reuse.reuse(previous, x, item_ids, cfg, device, progress)
         level_stats = [{"level": lv, "codes": len(b), **usage_stats(full[:, lv], len(b))} for lv, b in enumerate(books)]
     levels = len(books)
     with progress.track("quantize: errors and artifacts", total=2) as advance:
@@ -274,7 +190,7 @@ def run(
         advance(1)
     errors: dict[str, Any] = {"reconstruction_error": recon}
     if previous is not None:
-        errors = _reuse_errors(previous, x, item_ids, books, full[:, :levels], recon, cfg.batch_size)
+        errors = reuse.reuse_errors(previous, x, item_ids, books, full[:, :levels], recon, cfg.batch_size)
     return {
         "items": n,
         "dim": int(x.shape[1]),
@@ -315,110 +231,3 @@ def _check_embeddings(embeddings: np.ndarray, item_ids: list[str]) -> np.ndarray
             f"{artifacts.ITEMS} repeats item ids at item_idx {dup[:5].tolist()}; rerun `gencli ingest --force`"
         )
     return x.astype(np.float32, copy=False)
-
-
-def _match_previous(x: np.ndarray, previous: PreviousCodebooks, item_ids: list[str],
-                    cold_collab: str) -> tuple[np.ndarray, int | None]:
-    """The embeddings in the width of --codebooks-from's codebooks, and how many collaborative parts were estimated
-    from text (None: text-only codebooks). That run's collaborative vectors live in its own SVD basis, so a kept
-    item's part is read back from its SID (the collaborative columns of the sum of its centroids), and a new item's
-    (``cold_collab`` text) is estimated from its nearest kept items by text, as a fresh quantize places items
-    without co-consumption; ``zero`` leaves it empty. Text is scaled by that run's share, as it was clustered."""
-    dim = previous.codebooks[0].shape[1]
-    if x.shape[1] + previous.collab_dim != dim:
-        raise InputError(
-            f"the embeddings have dim {x.shape[1]} but {previous.source / artifacts.CODEBOOKS} has dim {dim}"
-            + (f" ({dim - previous.collab_dim} text + {previous.collab_dim} --collab)" if previous.collab_dim else "")
-            + "; embed with the same model and --dim as the run that made those codebooks, or quantize without "
-            "--codebooks-from"
-        )
-    if not previous.collab_dim:
-        return x, None
-    weight = previous.collab_weight
-    collab = np.zeros((len(x), previous.collab_dim), np.float32)
-    if weight <= 0:  # a record without the share: unit text, no collaborative part
-        return blend(x, collab, 0.0), 0
-    index = {item_id: row for row, item_id in enumerate(previous.item_ids)}
-    rows = np.array([index.get(item_id, -1) for item_id in item_ids], dtype=np.int64)
-    kept = np.flatnonzero(rows >= 0)
-    centroids = sum(book[previous.codes[rows[kept], level]] for level, book in enumerate(previous.codebooks))
-    part = np.asarray(centroids, dtype=np.float32)[:, x.shape[1]:]
-    norms = np.linalg.norm(part, axis=1, keepdims=True)
-    collab[kept] = np.divide(part, norms, out=np.zeros_like(part), where=norms > 1e-12)
-    estimated = 0
-    if cold_collab == "text":
-        collab, estimated = from_text_neighbours(collab, x)
-    return blend(x, collab, weight), estimated
-
-
-def _reuse(
-    previous: PreviousCodebooks, x: np.ndarray, item_ids: list[str], cfg: QuantizeConfig, device, progress: Progress
-) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
-    """--codebooks-from: full SIDs [n, L+1] from the previous codebooks and SIDs, no training."""
-    books = previous.codebooks
-    levels = len(books)
-    index = {item_id: row for row, item_id in enumerate(previous.item_ids)}
-    rows = np.array([index.get(item_id, -1) for item_id in item_ids], dtype=np.int64)
-    kept = rows >= 0
-    new = np.flatnonzero(~kept)
-    full = np.empty((len(x), levels + 1), dtype=np.int64)
-    full[kept] = previous.codes[rows[kept]]
-    with progress.track("quantize: assign new items", total=1) as advance:
-        if new.size:
-            full[new, :levels] = assign(x[new], books, cfg.batch_size, device).numpy()
-            full[new, levels] = _next_dedup(previous.codes, full[new, :levels])
-        advance(1)
-    dropped = len(previous.item_ids) - int(kept.sum())
-    extra = {
-        "mode": "codebooks_from",
-        "kmeans": None,
-        "items_new": int(new.size),
-        "items_kept": int(kept.sum()),
-        "items_dropped": dropped,
-        "codebooks_from": str(previous.source),
-    }
-    return books, full, extra
-
-
-COLLAB_NOTE = ("the codebooks of {source} were fit on text + co-consumption vectors (--collab); this run places "
-               "items by their text alone (the collaborative part is fit once per trained quantize), so its errors are "
-               "measured on text only: reconstruction_error_text_only (and per_level quant_error) is not comparable "
-               "with that run's reconstruction_error ({previous}); kept items keep their SIDs exactly")
-
-
-def _reuse_errors(previous: PreviousCodebooks, x: np.ndarray, item_ids: list[str], books, codes: np.ndarray,
-                  recon: float, batch_size: int) -> dict[str, Any]:
-    """--codebooks-from: the errors, named for what they measure. ``reconstruction_error_new`` is that of the items
-    this run placed; ``reconstruction_error_previous`` the trained run's own. With --collab codebooks the vectors
-    here lack the collaborative part, so the overall error is reported as ``reconstruction_error_text_only``, with a
-    note, rather than as a ``reconstruction_error`` that reads as a three times worse quantizer (0.73 vs 0.27 on the
-    sample with the same SIDs)."""
-    import json
-
-    known = set(previous.item_ids)
-    new = np.array([i for i, item in enumerate(item_ids) if item not in known], dtype=np.int64)
-    out: dict[str, Any] = {}
-    try:
-        out["reconstruction_error_previous"] = json.loads((previous.source / "step.json").read_text(
-            encoding="utf-8"))["metrics"]["reconstruction_error"]
-    except (OSError, ValueError, KeyError, TypeError):
-        out["reconstruction_error_previous"] = None
-    out["reconstruction_error_new"] = residual_errors(x[new], books, codes[new], batch_size)[1] if new.size else None
-    if previous.collab_dim:
-        return {"reconstruction_error_text_only": recon, **out,
-                "reconstruction_note": COLLAB_NOTE.format(source=previous.source,
-                                                          previous=out["reconstruction_error_previous"])}
-    return {"reconstruction_error": recon, **out}
-
-
-def _next_dedup(previous_codes: np.ndarray, new_codes: np.ndarray) -> np.ndarray:
-    """Dedup codes for new items: after the largest one any previous item of the same L-level SID had, in item order."""
-    levels = new_codes.shape[1]
-    both = np.concatenate([previous_codes[:, :levels], new_codes], axis=0)
-    _, group = np.unique(both, axis=0, return_inverse=True)
-    group = group.reshape(-1)
-    n_prev = len(previous_codes)
-    largest = np.full(group.max(initial=-1) + 1, -1, dtype=np.int64)
-    np.maximum.at(largest, group[:n_prev], previous_codes[:, levels].astype(np.int64))
-    new_group = group[n_prev:]
-    return largest[new_group] + 1 + dedup_level(new_group[:, None])
