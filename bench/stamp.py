@@ -173,7 +173,7 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         settings = resolve(model, dataclasses.replace(stamp, map=False))
         with torch.no_grad():  # both on the reloaded float32 model, so only the pruning differs
             pruned_eval, full_eval = (
-                sft.validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
+                sft.Validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
                                prune=prune)(model)["recall@5"] for prune in (settings, None))
         del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state

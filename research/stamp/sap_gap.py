@@ -124,7 +124,7 @@ def run(args) -> dict:
             settings = StampConfig(sap=True, layer=args.layer, keep_ratio=args.keep_ratio, recent_window=args.window, score=args.eval_score)
             with torch.no_grad():
                 entry["recall@5_full"], entry["recall@5_pruned"] = (
-                    sft.validation(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]
+                    sft.Validation(valid, tokens, vocab, cfg, torch.device("cpu"), prune=prune)(model)["recall@5"]
                     for prune in (None, settings))
         print(entry, flush=True)
         result["models"].append(entry)
