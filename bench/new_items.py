@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="STEP.OPTION=VALUE",
                         help="passed to both nights' gencli run (an ablation)")
     parser.add_argument("--name", default="default", help="results go to bench/.cache/new_items/NAME/")
+    parser.add_argument("--eval-users", type=int, default=0, help="eval a seeded subsample of test users (0 = all)")
     args = parser.parse_args()
     root = ROOT / args.name
     shutil.rmtree(root, ignore_errors=True)
@@ -107,7 +108,8 @@ def main() -> None:
                            for u in per_user["user_id"].cast(pl.String).to_list()])
         row = measure(name, matrix, new)
         # Recall on the test users whose target is new needs the test protocol (the history without the target)
-        run(["eval", "--workdir", str(work), "--exclude-seen", "--ranking", ranking, "--force"])
+        run(["eval", "--workdir", str(work), "--exclude-seen", "--ranking", ranking, "--force",
+             "--max-users", str(args.eval_users)])
         pred = pl.read_parquet(work / "eval" / "predictions.parquet")
         row.update(_cohort_recall(np.array(pred["items"].to_list())[:, :K], pred["target"].to_numpy(), new))
         rows.append(row)

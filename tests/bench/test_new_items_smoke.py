@@ -8,6 +8,7 @@ import pytest
 from bench_runner import run_bench
 
 PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft"]
+promote-users = 50
 [ingest]
 items = "unused.csv"
 interactions = "unused.csv"
@@ -27,7 +28,7 @@ eval-beams = 5
 @pytest.mark.slow  # two small nights in fresh interpreters, then recommend and eval three ways
 def test_new_items_counts_them_in_each_ranking(tmp_path):
     (tmp_path / "pipeline.toml").write_text(PIPELINE)
-    run_bench("bench/new_items.py", "--config", str(tmp_path / "pipeline.toml"),
+    run_bench("bench/new_items.py", "--config", str(tmp_path / "pipeline.toml"), "--eval-users", "300",
               env={"GENCLI_BENCH_CACHE": str(tmp_path / "cache")})
     result = json.loads((tmp_path / "cache" / "new_items" / "default" / "result.json").read_text())
     assert result["new_items"] > 0 and result["users"] == 800
