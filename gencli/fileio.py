@@ -1,5 +1,5 @@
-"""Durable small writes shared by the workspace and the core: a JSON file replaced atomically, and the folder
-entry made durable. A kill at any instant leaves the old file or the new one, never a mix.
+"""File helpers shared by the workspace and the core: a file's sha256, a JSON file replaced atomically, and the
+folder entry made durable. A kill at any instant leaves the old file or the new one, never a mix.
 
 File modes follow the process umask (0644 files and 0755 folders under the usual 022), so a service running as
 another account can read what gencli wrote. Two writers do not: ``tempfile.mkstemp`` creates 0600 files, and
@@ -8,12 +8,22 @@ applied after each of them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_dir(folder: Path) -> None:

@@ -77,30 +77,10 @@ def source_digests(ws, step: str) -> dict[str, str]:
             if manifest.get(name) and manifest.get(name).get("status") == "done"}
 
 
-def model_id(step: str, files: dict[str, str]) -> str:
-    """What names a model wherever it is: its step and a digest of its files (``sft@3f2a9c1d0b7e``): the sha256 of
-    every ``model/...`` file, of ``sid_vocab.json`` and of ``blend.json`` (how it ranks), by relative path (``files``: path -> sha256, as a step's
-    ``step.json`` outputs and a bundle's ``gencli.json`` list them). A workdir's model and the bundle exported from
-    it have the same id, and so do two runs that trained the same weights; it is every recommendation's ``model``."""
-    import hashlib
-
-    from gencli.core import artifacts
-
-    picked = sorted((path, digest) for path, digest in files.items()
-                    if path.startswith(f"{artifacts.MODEL_DIR}/") or path in (artifacts.SID_VOCAB, artifacts.BLEND))
-    listing = "".join(f"{path}\t{digest}\n" for path, digest in picked)
-    return f"{step}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
-
-
-def step_model_id(ws, step: str) -> str:
-    """:func:`model_id` of a workdir's model step, from its ``step.json``."""
-    return model_id(step, {o["path"]: o["sha256"] for o in ws.step_record(step).get("outputs", [])})
-
-
 def export_bundle(ws, out_dir: Path, model_step: str, max_history: int, force: bool, users: bool = True) -> dict:
     import polars as pl
 
-    from gencli.cli.inputs import item_codes, model_artifacts, pick_model_step, trained_history
+    from gencli.cli.inputs import item_codes, model_artifacts, pick_model_step, step_model_id, trained_history
     from gencli.core.data import tables
     from gencli.core.infer.bundle import write_bundle
     from gencli.core.infer.recommend import DEFAULT_BEAMS, DEFAULT_K

@@ -32,6 +32,13 @@ def model_upstream(ws, wanted: str, needed_by: str, chosen: dict) -> list[str]:
     return upstream(needed_by, chosen["step"])
 
 
+def step_model_id(ws, step: str) -> str:
+    """:func:`gencli.core.artifacts.model_id` of a workdir's model step, from its ``step.json``."""
+    from gencli.core.artifacts import model_id
+
+    return model_id(step, {o["path"]: o["sha256"] for o in ws.step_record(step).get("outputs", [])})
+
+
 def trained_history(ws, model_step: str) -> int:
     """The prompt length sft trained with, so decoding sees prompts like the ones the model learnt from."""
     if model_step == "sft":

@@ -68,20 +68,18 @@ def long_frame(rec, user_ids: list, ranked, provenance: dict[str, Any] | None = 
 def workdir_provenance(ws, model_step: str) -> dict[str, Any]:
     """``model`` (the id of the model step's files: the same as the bundle exported from it) and ``run`` (the
     workdir)."""
-    from gencli.cli.export import step_model_id
+    from gencli.cli.inputs import step_model_id
 
     return {"model": step_model_id(ws, model_step), "run": ws.root.resolve().name}
 
 
 def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
     """``model`` and ``run`` of a bundle, from its gencli.json (the run is the workdir it was exported from)."""
-    from gencli.cli.export import model_id
+    from gencli.core.artifacts import bundle_model_id
 
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    files = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
-    step = source.get("model_step")
-    model = meta.get("model_id") or (model_id(str(step), files) if step and files else None)  # older bundles
-    return {"model": model, "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
+    return {"model": bundle_model_id(meta),
+            "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
 
 
 def _created() -> str:

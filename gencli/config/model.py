@@ -98,7 +98,7 @@ class StampConfig:
 
 
 SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; patience normally stops it earlier
-EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (docs/benchmarks.md: validation's share of sft)
+EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
 EVAL_USERS = 500  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
 BATCH = 32  # samples per micro-batch with --batch-size 0 (cpt, sft prefixes, sft windows on larger logs); also

@@ -41,3 +41,28 @@ METRICS_JSON = "metrics.json"
 def sid_token(level: int, code: int) -> str:
     """Name of the vocabulary token for code ``code`` at level ``level`` (dedup = last level)."""
     return f"<sid_{level}_{code}>"
+
+
+def model_id(step: str, files: dict[str, str]) -> str:
+    """What names a model wherever it is: its step and a digest of its files (``sft@3f2a9c1d0b7e``): the sha256 of
+    every ``model/...`` file, of ``sid_vocab.json`` and of ``blend.json`` (how it ranks), by relative path
+    (``files``: path -> sha256, as a step's ``step.json`` outputs and a bundle's ``gencli.json`` list them). A
+    workdir's model and the bundle exported from it have the same id, and so do two runs that trained the same
+    weights; it is every recommendation's ``model``."""
+    import hashlib
+
+    picked = sorted((path, digest) for path, digest in files.items()
+                    if path.startswith(f"{MODEL_DIR}/") or path in (SID_VOCAB, BLEND))
+    listing = "".join(f"{path}\t{digest}\n" for path, digest in picked)
+    return f"{step}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
+
+
+def bundle_model_id(meta: dict) -> str | None:
+    """A bundle's model id from its gencli.json: ``model_id``, or for bundles exported before it, :func:`model_id`
+    of its model step and per-file digests (None when it has neither)."""
+    if isinstance(meta.get("model_id"), str) and meta["model_id"]:
+        return meta["model_id"]
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    files = meta.get("sha256") if isinstance(meta.get("sha256"), dict) else {}
+    step = source.get("model_step")
+    return model_id(str(step), files) if step and files else None

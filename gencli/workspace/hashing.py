@@ -7,15 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+from gencli.fileio import sha256_file
 
 
 def sha256_json(value: Any) -> str:

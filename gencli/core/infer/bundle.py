@@ -28,6 +28,7 @@ import polars as pl
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core import artifacts
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import sha256_file
 
 FORMAT_VERSION = 1
 BUNDLE_JSON = "gencli.json"
@@ -87,7 +88,7 @@ def write_bundle(
             shutil.copyfile(blend, staging / artifacts.BLEND)
         paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
         files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
-        digests = {p.relative_to(staging).as_posix(): _sha256(p) for p in paths}
+        digests = {p.relative_to(staging).as_posix(): sha256_file(p) for p in paths}
         manifest = {
             "format_version": FORMAT_VERSION,
             "gencli_version": __version__,
@@ -198,22 +199,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
         problems.append(f"{BUNDLE_JSON} field sha256 must map file names to digests")
     elif not problems:
         problems += [f"{name} differs from what was exported (sha256 mismatch: damaged or edited)"
-                     for name, digest in digests.items() if name in files and _sha256(path / name) != digest]
+                     for name, digest in digests.items() if name in files and sha256_file(path / name) != digest]
     if problems:
         raise _bad(path, "; ".join(problems[:5]))
     if not isinstance(meta.get("decode"), dict):
         raise _bad(path, f"{BUNDLE_JSON} lacks the 'decode' object")
     return meta
 
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _inside(root: Path, name: Any) -> bool:

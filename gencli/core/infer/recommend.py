@@ -170,15 +170,16 @@ class Recommender:
         if not prompts:
             return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
         blended = self.ranker is not None and not self.ranker.blend(exclude_seen).model_only
+        seen = [list(h) for h in histories]
         out = constrained_beam_search(
             self.model, prompts, self.trie, beams=beams, top_k=beams if blended else k, batch_size=batch_size,
             device=self.device, progress=progress,
             softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
-            banned=[list(h) for h in histories] if exclude_seen else None, first_level=blended,
+            banned=seen if exclude_seen else None, first_level=blended,
         )
         self._check_full(histories, out[0], out[1], beams if blended else k, exclude_seen)
         if blended:
-            items, scores = self.ranker.rank(out[0], out[1], out[2], [list(h) for h in histories], exclude_seen, k)
+            items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
         else:
             items, scores = out[0], out[1]
         return Ranked(items, scores)

