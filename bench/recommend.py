@@ -33,13 +33,13 @@ def _train(workdir, steps: int, max_history: int) -> None:
 def _throughput(workdir, k: int, beams: int, batch_size: int, repeats: int) -> dict:
     import polars as pl
 
-    from gencli.cli.common import open_workspace
-    from gencli.cli.recommend_io import workdir_recommender
     from gencli.config import RecommendConfig
+    from gencli.core.infer.workdir import recommender
+    from gencli.flow.export import recommend_inputs
+    from gencli.workspace import Workspace
 
-    ws = open_workspace(workdir)
-    cfg = RecommendConfig(k=k, beams=beams, batch_size=batch_size, device="cpu")
-    rec = workdir_recommender(ws, cfg, "sft")
+    cfg = RecommendConfig(k=k, beams=beams, batch_size=batch_size, device="cpu", model_step="sft")
+    rec = recommender(recommend_inputs(Workspace(workdir), "sft"), cfg)
     test = pl.read_parquet(workdir / "ingest" / "test.parquet")
     histories = [list(h) for h in test["history"].to_list()]
     best: dict[str, float] = {}

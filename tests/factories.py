@@ -134,3 +134,16 @@ def micro_qwen3() -> Qwen3ForCausalLM:
                          pad_token_id=0)
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config)
+
+
+def read_undeclared(cfg, inputs, out_dir, progress) -> dict:
+    """A step runner that reads embed's folder although its registry entry declares ingest only."""
+    inputs.dir("ingest")
+    inputs.dir("embed")
+    return {}
+
+
+def count_items(cfg, inputs, out_dir, progress) -> dict:
+    """A step runner that reads only what it declares (ingest) and writes one file."""
+    (out_dir / "n.txt").write_text(str(inputs.items().height))
+    return {"items": inputs.items().height}

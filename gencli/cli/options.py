@@ -1,16 +1,14 @@
-"""Click options generated from a config dataclass, so each default, type, choice list and help text exists once.
+"""Click options generated from a step's config dataclass, so each default, type, choice list and help text exists once.
 
-A field becomes ``--field-name`` with the field's default and the help in its metadata (see
-:func:`gencli.config.option`). Types: int, float, str; bool -> ``--x/--no-x``; ``tuple[int, ...]`` -> a comma
-list (``5,10,20``). Metadata may rename the option (``--from``), restrict it to some steps of a shared config
-(``steps=("sft",)``), or keep a field off the command line (``cli=False``).
+A field becomes its declared option (:mod:`gencli.config.fields`) with the field's default and help. Types: int,
+float, str; bool -> ``--x/--no-x``; ``tuple[int, ...]`` -> a comma list (``5,10,20``). The registry adds a step's
+renames (eval's ``--prune``) and aliases (``--stamp``); :func:`config_from` builds the config back from the values.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -34,73 +32,40 @@ class CommaList(click.ParamType):
             self.fail(f"{value!r} is not a comma-separated list of {kind}, e.g. 5,10,20", param, ctx)
 
 
-def fields_for(cls: type, step: str | None = None, exclude: Iterable[str] = ()) -> list[tuple[dataclasses.Field, Any]]:
-    """(field, type) of each option of ``step`` in ``cls``; a nested config's fields are options of their own."""
-    skip = set(exclude)
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        meta = f.metadata
-        if f.name in skip or meta.get("cli") is False:
-            continue
-        if step is not None and meta.get("steps") and step not in meta["steps"]:
-            continue
-        if dataclasses.is_dataclass(hints[f.name]):
-            out += fields_for(hints[f.name], step, exclude)
-        else:
-            out.append((f, hints[f.name]))
-    return out
-
-
-def field_help(cls: type, name: str) -> str:
-    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("help", "")
-
-
-def values_for(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``cls`` among a command's option values (nested configs built from theirs)."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            out[f.name] = hints[f.name](**values_for(hints[f.name], values))
-        elif f.name in values:
-            out[f.name] = values[f.name]
-    return out
-
-
-def make_option(f: dataclasses.Field, annotation: Any, decl: str | None = None) -> Callable:
-    """One click option for one dataclass field."""
-    meta = f.metadata
-    decl = decl or meta.get("option") or "--" + f.name.replace("_", "-")
-    kwargs: dict[str, Any] = {"help": meta.get("help"), "show_default": True}
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-    origin = typing.get_origin(annotation)
-    if annotation is bool:
-        if "/" not in decl:
-            decl = f"{decl}/--no-{decl[2:]}"
+def make_option(f) -> Callable:
+    """One click option for one :class:`gencli.config.fields.Field`."""
+    kwargs: dict[str, Any] = {"help": f.meta.get("help"), "show_default": True}
+    default = f.default
+    if f.annotation is bool:
         kwargs.update(default=default)
-    elif origin is tuple:
-        item = typing.get_args(annotation)[0]
-        kwargs.update(type=CommaList(item), default=",".join(str(v) for v in default))
-    elif meta.get("choices"):
-        kwargs.update(type=click.Choice(list(meta["choices"])), default=default)
+    elif typing.get_origin(f.annotation) is tuple:
+        kwargs.update(type=CommaList(typing.get_args(f.annotation)[0]), default=",".join(str(v) for v in default))
+    elif f.meta.get("choices"):
+        kwargs.update(type=click.Choice(list(f.meta["choices"])), default=default)
+    elif f.meta.get("path"):
+        kwargs.update(type=click.Path(), default=default, show_default=default != "")
     else:
-        kwargs.update(type=annotation, default=default)
-        kwargs.update(show_default=default != "")
-    return click.option(decl, f.name, **kwargs)
+        kwargs.update(type=f.annotation, default=default, show_default=default != "")
+    return click.option(f.decl, f.name, **kwargs)
 
 
-def config_options(cls: type, step: str | None = None, exclude: Iterable[str] = (),
-                   rename: dict[str, str] | None = None) -> Callable:
-    """Decorator: one option per field of ``cls`` (in field order) for the command of ``step``; ``rename`` gives
-    one command its own declaration for a field (eval's ``--prune`` for ``stamp.sap``).
+def config_options(target: str | type) -> Callable:
+    """Decorator: one option per field of a step's config (``target`` a step name; in field order), then its
+    aliases (``--stamp``); or of a plain command's config class (``run``, ``serve``)."""
+    from gencli.config.fields import step_fields
+    from gencli.steps import STEPS
 
-    The command receives each field under its own name; :func:`values_for` turns them back into ``cls``'s arguments.
-    """
-    chosen = fields_for(cls, step, exclude)
-    names = [f.name for f, _ in chosen]
-    assert len(names) == len(set(names)), f"{cls.__name__}: a nested config repeats an option name"
-    options = [make_option(f, annotation, (rename or {}).get(f.name)) for f, annotation in chosen]
+    if isinstance(target, str):
+        entry = STEPS[target]
+        chosen = step_fields(entry.config_class(), target, entry.renames)
+        aliases = entry.aliases
+    else:
+        chosen, aliases = step_fields(target), {}
+    names = [f.name for f in chosen]
+    assert len(names) == len(set(names)), f"{target}: a nested config repeats an option name"
+    options = [make_option(f) for f in chosen]
+    options += [click.option(f"--{alias}", alias, is_flag=True, help=f"{' and '.join('--' + n for n in fields)} "
+                             "together.") for alias, fields in aliases.items()]
 
     def decorate(command: Callable) -> Callable:
         for option in reversed(options):
@@ -108,3 +73,20 @@ def config_options(cls: type, step: str | None = None, exclude: Iterable[str] = 
         return command
 
     return decorate
+
+
+def config_from(target: str | type, values: dict[str, Any]) -> Any:
+    """A step's config (``target`` its name) or a plain command's (its class) from the command's option values
+    (consumed from ``values``); may raise ConfigError."""
+    from gencli.config.fields import build, step_fields
+    from gencli.steps import STEPS
+
+    if not isinstance(target, str):
+        return build(target, {f.path: values.pop(f.name) for f in step_fields(target) if f.name in values})
+    entry = STEPS[target]
+    for alias, fields in entry.aliases.items():
+        if values.pop(alias, False):
+            values.update(dict.fromkeys(fields, True))
+    by_path = {f.path: values.pop(f.name) for f in step_fields(entry.config_class(), target, entry.renames)
+               if f.name in values}
+    return build(entry.config_class(), {**by_path, **{(k,): v for k, v in entry.fixed.items()}})

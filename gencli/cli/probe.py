@@ -6,16 +6,13 @@ from pathlib import Path
 
 import click
 
-from gencli.cli.common import build_config, execute, fail, step_options
+from gencli.cli.common import config, fail, resolve_workdir, run_step, step_options
 from gencli.cli.options import config_options
-from gencli.config import MODEL_STEP_CHOICES, ProbeConfig
-from gencli.steps import model_steps
-
-TRAINING_ORDER = model_steps()  # the model steps, in the order training moves the rows
+from gencli.config import MODEL_STEP_CHOICES
 
 
 @click.command()
-@config_options(ProbeConfig)
+@config_options("probe")
 @click.option("--compare", nargs=2, type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="WORKDIR_A WORKDIR_B",
               help="Run nothing: print B - A of two workdirs' probe results (e.g. A random init, B centroid init).")
@@ -38,48 +35,9 @@ def probe(compare, model_step, workdir, json_mode, force, **options):
     if compare:
         _compare(compare, model_step, json_mode)
         return
-    cfg = build_config(ProbeConfig, json_mode, **options)
-    chosen: dict = {}
-
-    def upstream(ws):
-        manifest = ws.manifest if (ws.root / "manifest.json").exists() else None
-        steps = [s for s in TRAINING_ORDER if manifest and (manifest.get(s) or {}).get("status") == "done"]
-        if not steps:
-            ws.input_dir("init-vocab", "probe")  # raises "run gencli init-vocab first"
-        chosen["steps"] = steps
-        return ["ingest", "quantize", *steps]
-
-    def body(run, ws, progress):
-        import polars as pl
-
-        from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core import probe as core
-        from gencli.core.data import tables
-        from gencli.core.lm.prompt import load_sid_vocab
-        from gencli.core.sid import store
-
-        ingest_dir = ws.input_dir("ingest", "probe")
-        items = tables.load_items(ingest_dir)
-        counts = tables.train_target_counts(tables.load_split(ingest_dir, "train"), items.height)
-        categories = items["category"].cast(pl.String).to_list() if "category" in items.columns else None
-        codes, _ = item_codes(ws, "probe")
-        books = store.load_codebook_list(ws.input_dir("quantize", "probe"))
-        models = {}
-        for step in chosen["steps"]:
-            model_dir, vocab_path = model_artifacts(ws, step, "probe")
-            models[step] = (model_dir, load_sid_vocab(vocab_path).token_ids)
-        return core.run(cfg, models, books, codes, categories, counts, run.out_dir, progress)
-
-    metrics = execute(step="probe", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream,
-                      body=body)
+    metrics = run_step("probe", config("probe", json_mode, options), workdir, json_mode, force)
     if not json_mode and metrics:
-        _print_probe(metrics, _step_folder(workdir))
-
-
-def _step_folder(workdir: Path | None) -> Path:
-    from gencli.workspace import default_workdir
-
-    return Path(workdir or default_workdir()) / "probe"
+        _print_probe(metrics, resolve_workdir(workdir) / "probe")
 
 
 def _cell(value) -> str:

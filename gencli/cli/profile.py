@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import click
 
-from gencli.cli.common import build_config, execute, step_options
+from gencli.cli.common import config, run_step, step_options
 from gencli.cli.options import config_options
-from gencli.config import ProfileConfig
 
 
 @click.command()
-@config_options(ProfileConfig)
+@config_options("profile")
 @step_options
 def profile(workdir, json_mode, force, **options):
     """Tokens/s, step time (data/forward/backward/optimizer) and peak memory of sft training per STAMP variant.
@@ -22,43 +21,9 @@ def profile(workdir, json_mode, force, **options):
       gencli profile
       gencli profile --variants base,stamp --steps 20 --detail
     """
-    cfg = build_config(ProfileConfig, json_mode, **options)
-    chosen: dict = {}
-
-    def upstream(ws):
-        from gencli.cli.inputs import pick_model_step
-
-        chosen["step"] = pick_model_step(ws, cfg.model_step, "profile")
-        chosen["train"] = _sft_config(ws)
-        # sft's params shape the profiled steps, so a changed sft makes the profile stale too
-        sft_done = (ws.manifest.get("sft") or {}).get("status") == "done" if (ws.root / "manifest.json").exists() else False
-        return ["ingest", "quantize", *sorted({chosen["step"], *(["sft"] if sft_done else [])})]
-
-    def body(run, ws, progress):
-        from gencli.cli.inputs import item_codes, model_artifacts
-        from gencli.core.data import tables
-        from gencli.core.train import profile as core
-
-        model_dir, vocab_path = model_artifacts(ws, chosen["step"], "profile")
-        codes, _ = item_codes(ws, "profile")
-        train = tables.load_split(ws.input_dir("ingest", "profile"), "train")
-        metrics = core.run(cfg, chosen["train"], model_dir, vocab_path, codes, train, run.out_dir, progress)
-        return {"model_step": chosen["step"], **metrics}
-
-    metrics = execute(step="profile", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream,
-                      body=body, extra_params=None)
+    metrics = run_step("profile", config("profile", json_mode, options), workdir, json_mode, force)
     if not json_mode and metrics:
         _print_table(metrics)
-
-
-def _sft_config(ws):
-    """sft's TrainConfig: its recorded params when it has run, else the defaults."""
-    from gencli.config import TrainConfig, from_dict
-
-    entry = ws.manifest.get("sft") if (ws.root / "manifest.json").exists() else None
-    if not entry or entry.get("status") != "done":
-        return TrainConfig(task="sft")
-    return from_dict(TrainConfig, ws.step_record("sft").get("params", {}))
 
 
 def _print_table(metrics: dict) -> None:

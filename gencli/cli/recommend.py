@@ -13,17 +13,12 @@ from pathlib import Path
 
 import click
 
-from gencli.cli.common import build_config, execute, fail, require, step_options
-from gencli.cli.options import config_options, values_for
-
-RECOMMENDATIONS = "recommendations.parquet"
-OUTPUT_FORMATS = (".parquet", ".csv", ".jsonl")
+from gencli.cli.common import config, fail, require, run_step, step_options
+from gencli.cli.options import config_options
 
 
 def _options(f):
     """RecommendConfig's options (STAMP's SAP is --prune, as in eval), then the query-only ones."""
-    from gencli.config import RecommendConfig
-
     options = [
         click.option("--user", "users", multiple=True, metavar="ID", help="Only this workdir user (repeatable)."),
         click.option("--user-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -45,7 +40,7 @@ def _options(f):
     ]
     for option in reversed(options):
         f = option(f)
-    return config_options(RecommendConfig, step="recommend", rename={"sap": "--prune/--no-prune"})(step_options(f))
+    return config_options("recommend")(step_options(f))
 
 
 @click.command("recommend")
@@ -64,9 +59,7 @@ def recommend(users, user_file, history, from_stdin, bundle, output, jsonl_shape
       gencli recommend --bundle ./shop-model --history i0001,i0042
       gencli recommend --bundle ./shop-model --output recs.parquet   # every user the bundle carries
     """
-    from gencli.config import RecommendConfig
-
-    cfg = build_config(RecommendConfig, json_mode, **values_for(RecommendConfig, options))
+    cfg = config("recommend", json_mode, options)
     selectors = [name for name, given in (("--user/--user-file", bool(users) or user_file is not None),
                                           ("--history", history is not None), ("--stdin", from_stdin)) if given]
     require(len(selectors) <= 1, f"give at most one of {', '.join(selectors)}", json_mode)
@@ -74,7 +67,7 @@ def recommend(users, user_file, history, from_stdin, bundle, output, jsonl_shape
             "with --bundle give --user/--user-file, --history or --stdin, or --output FILE for every user the bundle "
             "carries", json_mode)
     if not selectors and bundle is None and output is None:
-        _run_step(cfg, workdir, json_mode, force)
+        run_step("recommend", cfg, workdir, json_mode, force)
         return
     from gencli.core.dist import launched
 
@@ -83,41 +76,21 @@ def recommend(users, user_file, history, from_stdin, bundle, output, jsonl_shape
             json_mode)
     require(not force, "--force reruns the recorded step; an ad-hoc query (--user, --history, --stdin, --bundle, "
                        "--output) records nothing", json_mode)
-    from gencli.cli import recommend_io
+    import sys
 
+    from gencli.flow.query import Query, answer
+    from gencli.ui.progress import make_progress
+    from gencli.ui.recommendations import print_answers, warn
+
+    query = Query(workdir, bundle, list(users), user_file, history, from_stdin, output, jsonl_shape)
     try:
-        recommend_io.adhoc(cfg, workdir, bundle, list(users), user_file, history, from_stdin, output, json_mode,
-                           jsonl_shape)
+        result = answer(cfg, query, make_progress(json_mode))
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode)
-
-
-def _run_step(cfg, workdir, json_mode: bool, force: bool) -> None:
-    chosen: dict[str, str] = {}
-
-    def upstream(ws):
-        from gencli.cli.inputs import model_upstream
-
-        return model_upstream(ws, cfg.model_step, "recommend", chosen)
-
-    def body(run, ws, progress):
-        import time
-
-        from gencli.cli.recommend_io import long_frame, workdir_histories, workdir_provenance, workdir_recommender
-
-        rec = workdir_recommender(ws, cfg, chosen["step"])
-        user_ids, histories = workdir_histories(ws)
-        started = time.perf_counter()
-        ranked = rec.rank(histories, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
-                          prune=cfg.stamp if cfg.stamp.sap else None, progress=progress)
-        seconds = time.perf_counter() - started
-        model = workdir_provenance(ws, chosen["step"])["model"]  # no time or path: the same inputs, the same bytes
-        long_frame(rec, user_ids, ranked, {"model": model}).write_parquet(run.out_dir / RECOMMENDATIONS)
-        found = ranked.items >= 0
-        distinct = len(set(ranked.items[found].tolist()))
-        return {"model_step": chosen["step"], "model": model, "users": len(user_ids), "k": cfg.k, "max_history": rec.max_history,
-                "exclude_seen": cfg.exclude_seen, "short_lists": int((found.sum(axis=1) < cfg.k).sum()),
-                "distinct_items": distinct, "catalog_coverage": round(distinct / len(rec), 4),
-                "decode_seconds": round(seconds, 3), "users_per_s": round(len(user_ids) / max(seconds, 1e-9), 2)}
-
-    execute(step="recommend", cfg=cfg, workdir=workdir, json_mode=json_mode, force=force, upstream=upstream, body=body)
+    for line in result.warnings:
+        warn(line)
+    if result.lines is not None:  # --output -: JSON Lines on stdout
+        sys.stdout.write("".join(result.lines))
+        sys.stdout.flush()
+        return
+    print_answers(result, json_mode)

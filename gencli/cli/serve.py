@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from gencli.cli.common import build_config, fail
-from gencli.cli.options import config_options, values_for
+from gencli.cli.common import config, fail
+from gencli.cli.options import config_options
 
 EXTRA = "pip install 'gencli[serve]'"
 
@@ -39,7 +39,7 @@ def serve(bundle, **options):
     """
     from gencli.config.serve import ServeConfig
 
-    cfg = build_config(ServeConfig, False, **values_for(ServeConfig, options))
+    cfg = config(ServeConfig, False, options)
     missing = [name for name in ("uvicorn", "starlette") if not _importable(name)]
     if missing:
         from gencli.errors import InputError
@@ -47,7 +47,7 @@ def serve(bundle, **options):
         fail(InputError(f"gencli serve needs {' and '.join(missing)}, which are not installed: {EXTRA}"), False)
     import logging
 
-    from gencli.cli.common import apply_threads, quiet_libraries
+    from gencli.workspace.executor import apply_threads, quiet_libraries
 
     quiet_libraries()
     apply_threads()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gencli.cli.common import JSON_OPTION, fail, open_workspace, workdir_option
+from gencli.cli.common import JSON_OPTION, fail, resolve_workdir, workdir_option
 
 
 def collect(ws) -> list[dict]:
@@ -54,7 +54,9 @@ def status(workdir, json_mode):
             from gencli.errors import InputError
 
             raise InputError(f"workdir {workdir} does not exist; check the path or run a step there first")
-        ws = open_workspace(workdir)
+        from gencli.workspace import Workspace
+
+        ws = Workspace(resolve_workdir(workdir))
         rows = collect(ws)
     except Exception as e:  # a corrupt manifest is reported like any bad input
         fail(e, json_mode)

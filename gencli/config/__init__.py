@@ -29,6 +29,7 @@ from gencli.config.base import (
     json_ready,
     model_step_option,
     option,
+    params,
     to_dict,
 )
 from gencli.config.data import (
@@ -50,6 +51,7 @@ from gencli.config.model import (
 )
 from gencli.config.serve import (
     PROBE_CATEGORY_RULES,
+    ColdEvalConfig,
     EvalConfig,
     ProbeConfig,
     RecommendConfig,
@@ -73,6 +75,7 @@ __all__ = [
     "TRAINING",
     "option",
     "to_dict",
+    "params",
     "from_dict",
     "json_ready",
     "Checks",
@@ -93,6 +96,7 @@ __all__ = [
     "PROFILE_VARIANTS",
     "ProfileConfig",
     "EvalConfig",
+    "ColdEvalConfig",
     "PROBE_CATEGORY_RULES",
     "ProbeConfig",
     "RecommendConfig",

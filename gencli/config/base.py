@@ -28,13 +28,20 @@ TRAINING = ("cpt", "sft")  # the steps that train (STAMP's MAP and SAP-while-tra
 def option(default: Any, help: str, **cli: Any) -> Any:
     """A documented field: its default and the help ``--help`` shows. ``cli`` may hold ``choices``, ``option``
     (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
-    that have it) or ``cli=False`` (not an option)."""
+    that have it), ``cli=False`` (not an option), ``path=True`` (a file or folder: a ``gencli run`` TOML gives it
+    relative to the TOML) or ``record=False`` (not a param of ``step.json``: an input file, hashed as an input)."""
     return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """JSON-ready dict of a config (tuples become lists)."""
     return json_ready(dataclasses.asdict(cfg))
+
+
+def params(cfg: Any) -> dict[str, Any]:
+    """What ``step.json`` records under ``params`` (and the fingerprint hashes): every field but input files."""
+    skip = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("record") is False}
+    return {k: v for k, v in to_dict(cfg).items() if k not in skip}
 
 
 def from_dict(cls: type, params: dict[str, Any]) -> Any:

@@ -20,6 +20,10 @@ from gencli.config.base import (
 class IngestConfig:
     """Options of ``gencli ingest``."""
 
+    items: str = option("", "Required: the item catalog file (generic), dataset folder (movielens) or metadata "
+                            "JSON(.gz) (amazon).",
+                        path=True, record=False)
+    interactions: str = option("", "Interaction log (not needed for a MovieLens folder).", path=True, record=False)
     format: str = option("generic", "Input layout: generic tables, a MovieLens folder, or Amazon review JSON.",
                          choices=INGEST_FORMATS)
     user_core: int = option(5, "k-core: keep users with at least this many events (0 disables).")
@@ -49,6 +53,12 @@ class IngestConfig:
         c.require(self.min_user_events >= 3, "--min-user-events must be >= 3")
         c.done()
 
+    def required(self) -> list[str]:
+        """What a run of the step needs beyond valid values (the core's ``run`` takes the files as arguments)."""
+        return [p for ok, p in ((bool(self.items), "--items is required: the catalog file or dataset folder"),
+                                (self.format == "movielens" or bool(self.interactions),
+                                 f"--interactions is required for --format {self.format}")) if not ok]
+
 
 DEFAULT_TEMPLATE = "{title}. {category}. {description}"
 
@@ -57,7 +67,8 @@ DEFAULT_TEMPLATE = "{title}. {category}. {description}"
 class EmbedConfig:
     """Options of ``gencli embed``."""
 
-    model: str = option("all-minilm-l6-v2", "A sentence-transformers folder, or the bundled preset all-minilm-l6-v2.")
+    model: str = option("all-minilm-l6-v2", "A sentence-transformers folder, or the bundled preset all-minilm-l6-v2.",
+                        path=True)
     template: str = option(DEFAULT_TEMPLATE, "Item text: a format string over item columns; empty fields and their "
                                              "separators are dropped.")
     batch_size: int = option(64, "Texts per encoder batch.")
@@ -72,7 +83,8 @@ class EmbedConfig:
                                        "slightly, see docs/benchmarks.md) or float16 (torch on cuda).",
                             choices=EMBED_PRECISIONS)
     reuse_from: str = option("", "A previous workdir: items whose text it embedded with the same model, template, "
-                                 "dim, backend and precision reuse its vectors; only new or edited items are encoded.")
+                                 "dim, backend and precision reuse its vectors; only new or edited items are encoded.",
+                        path=True)
 
     def __post_init__(self) -> None:
         c = Checks("embed")
@@ -104,8 +116,10 @@ COLLAB = 0.5  # quantize: share of co-consumption in the clustered vectors (rese
 class QuantizeConfig:
     """Options of ``gencli quantize`` (residual k-means)."""
 
-    codes: tuple[int, ...] = option((256, 256, 256), "Codebook size: one number for every level, or one per level "
-                                                     "(256,256,256).")
+    levels: int = option(0, "Number of residual levels (0 = one per --codes size; 3 when --codes gives one size).",
+                         record=False)
+    codes: tuple[int, ...] = option((256,), "Codebook size: one number for every level, or one per level "
+                                            "(256,256,256).")
     max_iter: int = option(50, "Lloyd iterations per level at most; a level stops early when no label changes.")
     seed: int = option(0, "Seed of k-means++ initialisation.")
     batch_size: int = option(65536, "Rows per distance batch (bounds memory on large catalogs).")
@@ -131,11 +145,17 @@ class QuantizeConfig:
                               choices=COLD_COLLAB)
     device: str = device_option()
     codebooks_from: str = option("", "Assign items to the codebooks of another workdir or quantize folder (no "
-                                     "retraining).")
+                                     "retraining).", path=True)
 
     def __post_init__(self) -> None:
         c = Checks("quantize")
-        c.require(len(self.codes) >= 1, "--codes must list at least one codebook size")
+        if self.levels == 0:  # recorded as the codes, one size per level
+            object.__setattr__(self, "levels", len(self.codes) if len(self.codes) > 1 else 3)
+        c.require(self.levels >= 1, f"--levels must be >= 1 (got {self.levels!r})")
+        c.require(len(self.codes) in (1, self.levels), f"--codes lists {len(self.codes)} sizes but --levels is "
+                  f"{self.levels}; give one size or {self.levels} sizes")
+        if len(self.codes) == 1 and self.levels > 1:  # one size for every level: recorded as one per level
+            object.__setattr__(self, "codes", tuple(self.codes) * self.levels)
         c.require(all(k >= 2 for k in self.codes), f"every codebook size must be >= 2 (got {list(self.codes)})")
         c.positive("max-iter", self.max_iter)
         c.positive("batch-size", self.batch_size)
@@ -147,7 +167,3 @@ class QuantizeConfig:
         c.choice("cold-collab", self.cold_collab, COLD_COLLAB)
         c.choice("device", self.device, DEVICES)
         c.done()
-
-    @property
-    def levels(self) -> int:
-        return len(self.codes)

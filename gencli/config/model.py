@@ -29,7 +29,7 @@ class InitVocabConfig:
     """Options of ``gencli init-vocab``."""
 
     model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
-                                "smollm2-135m (pull first).")
+                                "smollm2-135m (pull first).", path=True)
     init: str = option("centroid", "How the new SID rows start.", choices=INIT_METHODS)
     projection: str = option("pca", "centroid/gti: map from the embedding dim to the model dim.", choices=PROJECTIONS)
     scale: bool = option(False, "centroid: rescale rows to the base vocabulary's spread.")
@@ -43,7 +43,7 @@ class InitVocabConfig:
     dtype: str = dtype_option()
     warm_start: str = option("", "A previous workdir: continue from its most trained model (sft, else cpt, else "
                                  "init-vocab) instead of --model, keeping its SID rows and adding only tokens new "
-                                 "here (initialised by --init); quantize must use that workdir's codebooks.")
+                                 "here (initialised by --init); quantize must use that workdir's codebooks.", path=True)
 
     def __post_init__(self) -> None:
         c = Checks("init-vocab")

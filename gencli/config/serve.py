@@ -65,6 +65,20 @@ class EvalConfig:
         c.done()
 
 
+@dataclass(frozen=True)
+class ColdEvalConfig(EvalConfig):
+    """Options of ``gencli cold-eval``: eval's, on the cohort of users whose target is a rare training target."""
+
+    cold_max_train_count: int = option(1, "Cohort: users whose target item is a training target at most this many "
+                                          "times.", option="--max-train-count")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = Checks("cold-eval")
+        c.positive("max-train-count", self.cold_max_train_count, allow_zero=True)
+        c.done()
+
+
 PROBE_CATEGORY_RULES = ("first", "last", "whole")
 
 

@@ -296,3 +296,21 @@ def compare(a: dict[str, Any], b: dict[str, Any], step: str = "auto") -> dict[st
         delta = vb - va if va is not None and vb is not None else None
         table.append({"metric": key, "a": va, "b": vb, "delta": delta})
     return {"step": step, "level": a["level"], "m": a["m"], "rows": table}
+
+
+def run_step(cfg: Any, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The probe step: every finished model step's SID rows, quantize's codebooks, ingest's categories and counts."""
+    import polars as pl
+
+    from gencli.core.data import tables
+    from gencli.core.lm.prompt import load_sid_vocab
+
+    items = inputs.items()
+    counts = tables.train_target_counts(inputs.split("train"), items.height)
+    categories = items["category"].cast(pl.String).to_list() if "category" in items.columns else None
+    codes, _ = inputs.codes()
+    models = {}
+    for step in inputs.model_steps:
+        model_dir, vocab_path = inputs.model(step)
+        models[step] = (model_dir, load_sid_vocab(vocab_path).token_ids)
+    return run(cfg, models, inputs.codebooks(), codes, categories, counts, out_dir, progress)

@@ -10,7 +10,7 @@ Layout::
       <step>/step.json      params, inputs, outputs, metrics, timing, versions, argv, status
       <step>/...            the step's artifacts
 
-A step asks for its inputs by step name (``ws.input_dir("quantize")``); it is
+A step asks for its inputs by step name (``ws.output("quantize", needed_by)``); it is
 up to date when its fingerprint (params + input hashes) matches the manifest
 and its outputs are intact, and stale when an upstream step's outputs changed.
 """

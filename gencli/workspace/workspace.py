@@ -81,10 +81,16 @@ class Workspace:
     def step_dir(self, name: str) -> Path:
         return self.root / name
 
-    def input_dir(self, name: str, needed_by: str) -> Path:
-        """Folder of a finished upstream step, or a clear error naming the command to run first."""
-        entry = self.manifest.get(name) if (self.root / "manifest.json").exists() else None
-        if not entry or entry.get("status") != "done":
+    def done(self, name: str) -> bool:
+        """Whether step ``name`` has finished in this workdir (its output is :meth:`output`)."""
+        if not (self.root / "manifest.json").exists():
+            return False
+        entry = self.manifest.get(name)
+        return bool(entry) and entry.get("status") == "done"
+
+    def output(self, name: str, needed_by: str) -> Path:
+        """Folder of a finished step, or a clear error naming the command to run first."""
+        if not self.done(name):
             raise ArtifactError(
                 f"'{needed_by}' needs the output of '{name}', which has not run in workdir {self.root}; "
                 f"run `gencli {name} --workdir {self.root}` first"
@@ -95,6 +101,20 @@ class Workspace:
                 f"step folder {folder} is missing or half-written (no {STEP_JSON}); rerun `gencli {name} --force`"
             )
         return folder
+
+    def pick_model(self, wanted: str, consumer: str) -> str:
+        """'auto' -> the most trained finished model step ``consumer`` may read; otherwise the named one (done)."""
+        from gencli.steps import model_candidates
+
+        if wanted != "auto":
+            self.output(wanted, consumer)
+            return wanted
+        candidates = model_candidates(consumer)
+        for step in candidates:
+            if self.done(step):
+                return step
+        self.output(candidates[-1], consumer)  # raises the "run gencli init-vocab first" error
+        return candidates[-1]
 
     def step_record(self, name: str) -> dict[str, Any]:
         return read_json(self.step_dir(name) / STEP_JSON, "step record")
@@ -184,7 +204,7 @@ class Workspace:
             m = self.manifest
             for up in upstream:
                 step, _, artifact = up.partition("/")
-                self.input_dir(step, needed_by=name)
+                self.output(step, needed_by=name)
                 if artifact:  # one artifact of a step: stale only when that file changes
                     out = self._output(step, artifact, needed_by=name)
                     inputs[up] = {"step": step, "artifact": artifact, "sha256": out["sha256"], "bytes": out["bytes"]}

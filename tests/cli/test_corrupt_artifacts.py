@@ -100,8 +100,10 @@ def test_an_edited_or_cut_short_manifest_is_exit_2_for_a_step_and_for_status(wd,
 
 
 def test_a_cut_short_step_json_is_exit_2_for_the_step_that_reads_it(wd):
+    intact = (wd / "ingest" / "step.json").read_bytes()
     _cut(wd / "ingest" / "step.json")
     _refused(wd, "embed", "--force", names=[wd / "ingest" / "step.json", "gencli ingest --force"])
+    (wd / "ingest" / "step.json").write_bytes(intact)
     (wd / "sft" / "step.json").write_text('{"status": "done"}')  # valid JSON, wrong shape
     _refused(wd, *EVAL, names=[wd / "sft" / "step.json", "gencli sft --force"])
 

@@ -185,7 +185,7 @@ def test_bad_ids_strict_empty_history_and_bad_lines(trained, catalog):
 def test_stdin_bytes_deep_lines_unknown_counts_and_control_codes(trained, catalog):
     """Non-UTF-8 --stdin bytes were written back as invalid JSON; the warning counted occurrences; escape
     sequences in titles reached the terminal raw."""
-    from gencli.cli.recommend_io import printable
+    from gencli.ui.recommendations import printable
 
     ids, _ = catalog
     raw = b'{"history": ["' + ids[0].encode() + b'", "\xff\xfe"]}\n'

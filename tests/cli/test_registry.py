@@ -6,13 +6,13 @@ import click
 import pytest
 
 from gencli.cli import COMMANDS, cli
-from gencli.steps import REGISTRY, STEPS, available, model_candidates, model_steps, pipeline_steps, step_order
+from gencli.steps import REGISTRY, STEPS, model_candidates, model_steps, pipeline_steps, step_order
 
 
 def test_every_step_reads_only_steps_registered_before_it():
     order = [s.name for s in REGISTRY]
     for step in REGISTRY:
-        for up in step.upstream:
+        for up in (*step.inputs, *step.optional):
             up = up.partition("/")[0]  # "ingest/items.parquet": one artifact of ingest
             assert STEPS[up].recorded and order.index(up) < order.index(step.name), (step.name, up)
 
@@ -26,7 +26,7 @@ def test_model_steps_and_what_auto_tries():
 
 def test_every_available_command_resolves_and_plain_commands_are_not_steps():
     ctx = click.Context(cli, info_name="gencli")
-    assert set(cli.list_commands(ctx)) == {name for name in COMMANDS if available(name)}
+    assert set(cli.list_commands(ctx)) == set(COMMANDS)
     for name in cli.list_commands(ctx):
         assert isinstance(cli.get_command(ctx, name), click.Command), name
     for name in ("run", "status", "models"):
@@ -43,18 +43,17 @@ def _done(root, step):
 
 
 def test_auto_picks_the_most_trained_model_step_the_consumer_may_read(tmp_path):
-    from gencli.cli.inputs import pick_model_step
     from gencli.errors import ArtifactError
     from gencli.workspace import Workspace
 
     ws = Workspace(tmp_path)
     with pytest.raises(ArtifactError, match="gencli init-vocab"):
-        pick_model_step(ws, "auto", "sft")
+        ws.pick_model("auto", "sft")
     _done(tmp_path, "init-vocab")
-    assert pick_model_step(ws, "auto", "sft") == pick_model_step(ws, "auto", "eval") == "init-vocab"
+    assert ws.pick_model("auto", "sft") == ws.pick_model("auto", "eval") == "init-vocab"
     _done(tmp_path, "cpt")
-    assert pick_model_step(ws, "auto", "sft") == "cpt"
+    assert ws.pick_model("auto", "sft") == "cpt"
     _done(tmp_path, "sft")
-    assert pick_model_step(ws, "auto", "sft") == "cpt"  # sft never starts from itself
-    assert pick_model_step(ws, "auto", "eval") == "sft"
-    assert pick_model_step(ws, "init-vocab", "eval") == "init-vocab"
+    assert ws.pick_model("auto", "sft") == "cpt"  # sft never starts from itself
+    assert ws.pick_model("auto", "eval") == "sft"
+    assert ws.pick_model("init-vocab", "eval") == "init-vocab"

@@ -45,7 +45,7 @@ def test_pipeline_toml_with_an_unknown_option_lists_it(tmp_path):
 
 @pytest.mark.parametrize("args, named", [
     (["quantize", "--codes", "abc"], "--codes"),
-    (["quantize", "--levels", "0"], "--levels"),
+    (["quantize", "--levels", "-1"], "--levels"),
     (["eval", "--k", "abc"], "--k"),
     (["cold-eval", "--k", "5,x"], "--k"),
     (["sft", "--lr", "fast"], "--lr"),
@@ -82,9 +82,19 @@ def test_ctrl_c_during_a_step_exits_130_and_keeps_nothing_half_written(tmp_path,
     assert not (wd / "ingest").exists() and not (wd / ".staging" / "ingest").exists()
 
 
-def test_pipeline_false_gives_each_switch_its_off_form():
-    from gencli.cli.pipeline import step_args
+def test_pipeline_tables_become_the_configs_the_options_build():
+    from gencli.flow.plan import step_config
 
-    args = step_args("sft", {"sid-softmax": False, "sap": False, "eval-every": 5}, SAMPLE)
-    assert args == ["--full-softmax", "--no-sap", "--eval-every", "5"]
-    assert step_args("ingest", {"drop-short-users": False}, SAMPLE) == ["--fail-on-short-users"]
+    cfg, problems = step_config("sft", {"sid-softmax": False, "sap": False, "eval-every": 5, "from": "init-vocab"},
+                                SAMPLE)
+    assert not problems and (cfg.sid_softmax, cfg.stamp.sap, cfg.eval_every, cfg.start_from, cfg.task) == \
+        (False, False, 5, "init-vocab", "sft")
+    assert step_config("sft", {"full-softmax": True}, SAMPLE)[0].sid_softmax is False
+    assert step_config("ingest", {"items": "items.csv", "interactions": "interactions.csv",
+                                  "drop-short-users": False}, SAMPLE)[0].drop_short_users is False
+    ingest = step_config("ingest", {"items": "items.csv", "interactions": "interactions.csv"}, SAMPLE)[0]
+    assert ingest.items == str(SAMPLE / "items.csv")  # relative to the TOML's folder
+    stamp = step_config("cpt", {"stamp": True}, SAMPLE)[0].stamp
+    assert stamp.sap and stamp.map
+    _, problems = step_config("eval", {"k": [5, "x"], "beams": "20", "prune": 1, "nope": 1}, SAMPLE)
+    assert len(problems) == 4 and all(p.startswith("[eval] ") for p in problems)

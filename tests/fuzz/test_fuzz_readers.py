@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from gencli.cli import cli
-from gencli.cli.recommend_io import read_queries
 from gencli.config import IngestConfig
 from gencli.core.data.ingest import run as ingest
 from gencli.core.infer import bundle
 from gencli.errors import InputError
+from gencli.flow.query import read_queries
 
 EXAMPLES = 1000 if os.environ.get("CI") else 100
 SEED = int(os.environ.get("GENCLI_FUZZ_SEED") or random.SystemRandom().randrange(2**32))

@@ -269,3 +269,8 @@ def _parse_numbers(events: pl.DataFrame, table: RawTable, problems: Problems, st
     else:
         events = events.with_columns(pl.lit(None, pl.Float64).alias("rating"))
     return events.select("user_id", "item_id", "timestamp", "rating", LINE)
+
+
+def run_step(cfg: IngestConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict:
+    """The ingest step: the files its config names (no upstream step)."""
+    return run(cfg, Path(cfg.items), Path(cfg.interactions) if cfg.interactions else None, out_dir, progress)

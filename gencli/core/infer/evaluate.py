@@ -291,3 +291,27 @@ def run(
         summary["prune"] = prune_summary(evaluator.prompts, prune)
     (out_dir / artifacts.METRICS_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return {**summary, "decode_seconds": result["decode_seconds"], "users_per_s": result["users_per_s"]}
+
+
+def run_step(cfg: EvalConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict:
+    """The eval and cold-eval steps (cold-eval: ``cfg.cold_max_train_count`` >= 0 picks the cohort)."""
+    import dataclasses
+
+    from gencli.core.data import tables
+    from gencli.core.lm.prompt import load_sid_vocab
+
+    items = inputs.items()
+    counts = tables.train_target_counts(inputs.split("train"), items.height)
+    split_df = inputs.split(cfg.split)
+    cold = cfg.cold_max_train_count
+    cohort = counts[split_df["target"].to_numpy()] <= cold if cold >= 0 else None
+    model_dir, vocab_path = inputs.model()
+    codes, _ = inputs.codes()
+    max_history = cfg.max_history or inputs.trained_history()
+    vocab = load_sid_vocab(vocab_path)
+    rank_with = inputs.ranker(cfg.ranking, item_token_ids(codes, vocab))
+    metrics = run(dataclasses.replace(cfg, max_history=max_history), model_dir, vocab, codes, items["item_id"].to_list(),
+                  split_df, tables.popularity_buckets(counts), cohort, out_dir, progress, train_counts=counts,
+                  ranker=rank_with)
+    blocks = metrics.pop("metrics")  # overall/head/torso/tail at the top level: status and run show them
+    return {"model_step": inputs.model_step, "max_history": max_history, **metrics, **blocks}

@@ -103,3 +103,26 @@ def _add_dedup_tokens(cfg, model, tokenizer, levels, extra, previous, progress) 
     if not tied:
         model.get_output_embeddings().weight[ids[0]:ids[-1] + 1] = rows[1].to(emb.weight.device)
     return ids
+
+
+def run_step(cfg: InitVocabConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict:
+    """The init-vocab step: quantize's codebooks and SIDs, ingest's texts; ``--warm-start``'s model from
+    ``inputs.external``."""
+    from gencli.core.data import tables
+    from gencli.core.lm import backbone, vocab
+
+    texts = tables.item_text(inputs.items(), tables.LM_TEXT_TEMPLATE)
+    codes, token_map = inputs.codes()
+    codebooks = inputs.codebooks()
+    warm = inputs.external.get("warm")
+    if warm is None:
+        base = backbone.resolve_backbone(cfg.model, out_dir, texts, cfg.seed)
+        return vocab.run(cfg, base, texts, codebooks, codes, token_map, out_dir, progress)
+    from gencli.core.sid import store
+
+    if not same_codebooks(store.load_codebook_list(warm["quantize"]), codebooks):
+        raise InputError(f"--warm-start {cfg.warm_start}: this run's codebooks differ from {warm['quantize']}, so "
+                         "the previous model's SID tokens would mean other items; quantize with --codebooks-from "
+                         f"{cfg.warm_start} (what `gencli run --previous` does), or drop --warm-start")
+    metrics = run(cfg, warm["model"], warm["vocab"], texts, codebooks, codes, token_map, out_dir, progress)
+    return {**metrics, "warm_start_from": str(warm["step"])}

@@ -215,3 +215,11 @@ def load_embeddings(step_dir: Path, mmap: bool = False) -> np.ndarray:
     if x.ndim != 2 or x.dtype != np.float32:
         raise ArtifactError(f"{path} must be a float32 matrix, found {x.dtype} {x.shape}; rerun `gencli embed --force`")
     return x
+
+
+def run_step(cfg: EmbedConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The embed step: ingest's item texts (``--reuse-from``'s vectors in ``inputs.external``)."""
+    from gencli.core.data import tables
+
+    texts = tables.item_text(inputs.items(), cfg.template)
+    return run(cfg, texts, out_dir, progress, previous=inputs.external.get("previous"), resume=inputs.resume)

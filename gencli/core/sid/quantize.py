@@ -231,3 +231,12 @@ def _check_embeddings(embeddings: np.ndarray, item_ids: list[str]) -> np.ndarray
             f"{artifacts.ITEMS} repeats item ids at item_idx {dup[:5].tolist()}; rerun `gencli ingest --force`"
         )
     return x.astype(np.float32, copy=False)
+
+
+def run_step(cfg: QuantizeConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The quantize step: embed's vectors of ingest's items (``--codebooks-from``'s in ``inputs.external``)."""
+    previous = inputs.external.get("previous")
+    # --collab reads the train split; --codebooks-from uses the recorded setting instead (run)
+    sequences = inputs.split("train")["sequence"].to_list() if cfg.collab > 0 and previous is None else None
+    return run(cfg, inputs.embeddings(), inputs.items()["item_id"].to_list(), out_dir, progress, previous=previous,
+               sequences=sequences)

@@ -169,3 +169,13 @@ def run(
         "tied": len(params) == 1,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
     }
+
+
+def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The cpt step: init-vocab's model, quantize's SIDs, ingest's item texts."""
+    from gencli.core.data import tables
+
+    model_dir, vocab_path = inputs.model("init-vocab")
+    codes, _ = inputs.codes()
+    texts = tables.item_text(inputs.items(), tables.CPT_TEXT_TEMPLATE)
+    return run(cfg, model_dir, vocab_path, codes, texts, out_dir, progress, resume=inputs.resume)

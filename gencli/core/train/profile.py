@@ -324,3 +324,16 @@ def run(
 def _reduction(value: float, reference: float) -> float | None:
     """1 - value / reference (None when the reference measured nothing)."""
     return None if reference <= 0 else round(1.0 - value / reference, 3)
+
+
+def run_step(cfg: ProfileConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The profile step: sft's settings (its recorded params when sft has run, else the defaults) on the model
+    step it reads."""
+    from gencli.config import from_dict
+
+    train_cfg = from_dict(TrainConfig, inputs.record("sft").get("params", {})) if inputs.done("sft") \
+        else TrainConfig(task="sft")
+    model_dir, vocab_path = inputs.model()
+    codes, _ = inputs.codes()
+    metrics = run(cfg, train_cfg, model_dir, vocab_path, codes, inputs.split("train"), out_dir, progress)
+    return {"model_step": inputs.model_step, **metrics}

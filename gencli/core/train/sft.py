@@ -247,3 +247,12 @@ def run(
         **({"blend": blends["blends"]["exclude_seen"], "valid_blend": blends["fit"]["valid"],
             "blend_fit_s": fit_seconds} if blends else {}),
     }
+
+
+def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The sft step: the model it starts from (``--from``), quantize's SIDs, ingest's splits, embed's vectors."""
+    model_dir, vocab_path = inputs.model()
+    codes, _ = inputs.codes()
+    metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"), out_dir, progress,
+                  resume=inputs.resume, embeddings=inputs.embeddings())
+    return {"started_from": inputs.model_step, **metrics}

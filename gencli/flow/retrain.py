@@ -16,10 +16,6 @@ from typing import Any
 
 from gencli.errors import GencliError, InputError
 
-# step -> (its option that takes the previous run, needed unless --requantize)
-PREVIOUS_OPTIONS = {"embed": ("reuse-from", False), "quantize": ("codebooks-from", True),
-                    "init-vocab": ("warm-start", True)}
-
 
 def resolve_previous(spec: str) -> Path:
     """The previous run's workdir: given directly, or named in a bundle's gencli.json (a bundle, a symlink to one,
@@ -29,18 +25,16 @@ def resolve_previous(spec: str) -> Path:
         return path.resolve()
     if not path.exists():
         raise InputError(f"--previous {spec} does not exist; on the first run leave --previous out (docs/cron.md)")
-    from gencli.core.infer.bundle import follow_pointer
+    from gencli.core.infer.bundle import read_manifest
 
-    bundle = follow_pointer(path)
-    meta_path = bundle / "gencli.json"
-    if not meta_path.is_file():
+    if path.is_dir() and not (path / "gencli.json").is_file():
         raise InputError(f"--previous {spec} is neither a gencli workdir (no manifest.json) nor a bundle (no "
                          "gencli.json); point it at the previous run's workdir")
-    try:
-        workdir = json.loads(meta_path.read_text(encoding="utf-8"))["source"]["workdir"]
-    except (ValueError, KeyError, TypeError):
-        raise InputError(f"--previous {spec}: {meta_path} names no source workdir (exported by an older gencli); "
-                         "point --previous at the previous run's workdir") from None
+    source = read_manifest(path).get("source")
+    workdir = source.get("workdir") if isinstance(source, dict) else None
+    if not workdir:
+        raise InputError(f"--previous {spec}: its bundle names no source workdir (exported by an older gencli); "
+                         "point --previous at the previous run's workdir")
     if not (Path(workdir) / "manifest.json").is_file():
         raise InputError(f"--previous {spec}: the bundle came from workdir {workdir}, which no longer holds a run; "
                          "keep the promoted run's workdir, or point --previous at another workdir")
@@ -48,12 +42,15 @@ def resolve_previous(spec: str) -> Path:
 
 
 def apply_previous(tables: dict[str, dict[str, Any]], previous: Path, requantize: bool) -> None:
-    """Set each step's option that reads the previous run, unless the config already sets it."""
-    for step, (key, same_sids_only) in PREVIOUS_OPTIONS.items():
-        if step not in tables or (same_sids_only and requantize):
+    """Set each step's option that reads the previous run (the registry's ``previous``), unless the config sets it."""
+    from gencli.steps import REGISTRY
+
+    for step in REGISTRY:
+        if not step.previous or step.name not in tables or (step.previous_sids and requantize):
             continue
-        if key not in tables[step] and key.replace("-", "_") not in tables[step]:
-            tables[step][key] = str(previous)
+        key = step.previous.replace("_", "-")
+        if key not in tables[step.name] and step.previous not in tables[step.name]:
+            tables[step.name][key] = str(previous)
 
 
 def retrain_report(workdir: Path, previous: Path, requantize: bool) -> dict[str, Any]:
@@ -64,13 +61,12 @@ def retrain_report(workdir: Path, previous: Path, requantize: bool) -> dict[str,
 
     ws, prev = Workspace(workdir), Workspace(previous)
     report: dict[str, Any] = {"previous": str(previous), "requantize": requantize}
-    done = {s for s, e in ws.manifest.steps.items() if e.get("status") == "done"}
-    if "quantize" in done:
-        report.update(sid_changes(store.load_sids(prev.input_dir("quantize", "run --previous")),
+    if ws.done("quantize"):
+        report.update(sid_changes(store.load_sids(prev.output("quantize", "run --previous")),
                                   store.load_sids(ws.step_dir("quantize"))))
     for step, keys in (("embed", ("items_encoded", "items_reused")), ("init-vocab", ("warm_start_from",)),
                        ("sft", ("started_from", "steps"))):
-        if step in done:
+        if ws.done(step):
             metrics = ws.step_record(step)["metrics"]
             report.update({f"{step}.{k}": metrics.get(k) for k in keys})
     if report.get("sid_changed") and not requantize:
@@ -81,12 +77,12 @@ def retrain_report(workdir: Path, previous: Path, requantize: bool) -> dict[str,
 
 def promote(workdir: Path, link: Path, tolerance: float, max_users: int, keep: int) -> dict[str, Any]:
     """Export this run's bundle next to ``link``, compare, switch when not worse, keep the newest bundles."""
-    from gencli.cli.common import open_workspace
-    from gencli.cli.export import export_bundle
     from gencli.core.infer import promote as core
     from gencli.core.infer.recommend import Recommender
+    from gencli.flow.export import export_bundle
+    from gencli.workspace import Workspace
 
-    ws = open_workspace(workdir)
+    ws = Workspace(workdir)
     current = core.current_target(link)
     if current is not None and _is_this_run(current, ws):
         decision = {"promoted": True, "reason": "already promoted: the current bundle is this run's model", "link":
@@ -123,15 +119,17 @@ def promote(workdir: Path, link: Path, tolerance: float, max_users: int, keep: i
 
 def _is_this_run(bundle: Path, ws) -> bool:
     """True when ``bundle`` was exported from this very workdir state (a rerun after promotion is a no-op)."""
-    from gencli.cli.export import source_digests
-    from gencli.cli.inputs import pick_model_step
+    from gencli.core.infer.bundle import read_manifest
+    from gencli.flow.export import source_digests
 
     try:
-        source = json.loads((bundle / "gencli.json").read_text(encoding="utf-8"))["source"]
-    except (OSError, ValueError, KeyError, TypeError):
+        source = read_manifest(bundle)["source"]
+    except (GencliError, KeyError, TypeError):
+        return False
+    if not isinstance(source, dict):
         return False
     return (source.get("workdir") == str(ws.root.resolve())
-            and source.get("steps") == source_digests(ws, pick_model_step(ws, "auto", "recommend")))
+            and source.get("steps") == source_digests(ws, ws.pick_model("auto", "recommend")))
 
 
 def pin_previous(workdir: Path, previous: Path | None) -> Path | None:
@@ -162,7 +160,7 @@ def validation_users(ws):
     from gencli.core.data import tables
     from gencli.core.infer.promote import ValidationUsers
 
-    ingest = ws.input_dir("ingest", "run --promote")
+    ingest = ws.output("ingest", "run --promote")
     ids = tables.load_items(ingest)["item_id"].cast(pl.String).to_list()
     valid = tables.load_split(ingest, "valid")
     if valid.height == 0:

@@ -1,0 +1,87 @@
+"""A :class:`~gencli.core.infer.recommend.Recommender` over a workdir's steps, and the recommend step itself.
+
+A bundle's Recommender is opened by :meth:`Recommender.load` (:mod:`gencli.core.infer.bundle`); one over a
+workdir is built here from the step's :class:`~gencli.core.inputs.Inputs` (the model step, quantize's SIDs,
+ingest's items, embed's vectors), so the recorded ``recommend`` step, an ad-hoc query, ``export`` and promotion
+all read the same files the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from gencli.core.progress import SILENT, Progress
+
+RECOMMENDATIONS = "recommendations.parquet"
+
+
+def recommender(inputs, cfg):
+    """A Recommender over the model step ``inputs`` reads (``cfg``: a RecommendConfig: device, dtype, beams, ...)."""
+    from gencli.core.device import resolve_device, resolve_dtype
+    from gencli.core.infer.recommend import Recommender
+    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+
+    model_dir, vocab_path = inputs.model()
+    codes, _ = inputs.codes()
+    items = inputs.items()
+    device = resolve_device(cfg.device)
+    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device))
+    vocab = load_sid_vocab(vocab_path)
+    return Recommender(model, vocab, items["item_id"].cast(pl.String).to_list(),
+                       items["title"].cast(pl.String).to_list(), codes,
+                       max_history=cfg.max_history or inputs.trained_history(), beams=cfg.beams,
+                       batch_size=cfg.batch_size, ranker=inputs.ranker(cfg.ranking, item_token_ids(codes, vocab)))
+
+
+def histories(inputs) -> tuple[list[str], list[list[int]]]:
+    """Every user's full history (all kept events, train + valid + test, in time order), in user_idx order."""
+    events = inputs.interactions()
+    per_user = events.group_by("user_idx", maintain_order=True).agg(pl.col("user_id").first(), pl.col("item_idx"))
+    per_user = per_user.sort("user_idx")
+    return per_user["user_id"].cast(pl.String).to_list(), [list(h) for h in per_user["item_idx"].to_list()]
+
+
+def provenance(inputs) -> dict[str, Any]:
+    """``model`` (the id of the model step's files: the same as the bundle exported from it) and ``run`` (the
+    workdir, the folder holding the model step)."""
+    return {"model": inputs.model_id(), "run": inputs.dir(inputs.model_step).resolve().parent.name}
+
+
+def long_frame(rec, user_ids: list, ranked, extra: dict[str, Any] | None = None) -> pl.DataFrame:
+    """user_id, rank (1 = best), item_id, score, title: one row per recommended item; then ``extra`` (which model
+    made it, and for a query its source and time) as constant columns."""
+    rows: dict[str, list] = {"user_id": [], "rank": [], "item_id": [], "score": [], "title": []}
+    for user, items, scores in zip(user_ids, ranked.items, ranked.scores, strict=True):
+        for rank, item in enumerate(rec.to_recommendations(items, scores), start=1):
+            rows["user_id"].append(user)
+            rows["rank"].append(rank)
+            rows["item_id"].append(item.item_id)
+            rows["score"].append(item.score)
+            rows["title"].append(item.title)
+    frame = pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String,
+                                       "score": pl.Float32, "title": pl.String})
+    return frame.with_columns(pl.lit(v, dtype=pl.String).alias(k) for k, v in (extra or {}).items())
+
+
+def run_step(cfg, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The recommend step: every workdir user's top K, to ``recommendations.parquet``."""
+    rec = recommender(inputs, cfg)
+    user_ids, known = histories(inputs)
+    started = time.perf_counter()
+    ranked = rec.rank(known, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
+                      prune=cfg.stamp if cfg.stamp.sap else None, progress=progress)
+    seconds = time.perf_counter() - started
+    model = inputs.model_id()  # no time or path: the same inputs, the same bytes
+    long_frame(rec, user_ids, ranked, {"model": model}).write_parquet(out_dir / RECOMMENDATIONS)
+    found = ranked.items >= 0
+    distinct = len(set(ranked.items[found].tolist()))
+    return {"model_step": inputs.model_step, "model": model, "users": len(user_ids), "k": cfg.k,
+            "max_history": rec.max_history, "exclude_seen": cfg.exclude_seen,
+            "short_lists": int((found.sum(axis=1) < cfg.k).sum()), "distinct_items": distinct,
+            "catalog_coverage": round(distinct / len(rec), 4), "decode_seconds": round(seconds, 3),
+            "users_per_s": round(len(user_ids) / max(seconds, 1e-9), 2)}

@@ -1,0 +1,90 @@
+"""Recommendations on a terminal: a user's recent history and top items, the answers of a query, a run's examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def printable(text: str) -> str:
+    """Catalog text safe for a terminal: rich markup escaped, control characters (escape sequences) shown as
+    ``\\x1b`` rather than sent to the terminal."""
+    from rich.markup import escape
+
+    return escape("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text))
+
+
+def warn(message: str) -> None:
+    from gencli.ui.output import console
+
+    console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
+
+
+def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5) -> None:
+    """One user's recent history and top items, as a small rich table."""
+    from rich.table import Table
+
+    shown = history_titles[-last:]
+    more = len(history_titles) - len(shown)
+    who = f"user {user_id}" if user_id is not None else "ad-hoc history"
+    recent = "; ".join(printable(t) for t in shown) or "(empty: the model's unconditional top items)"
+    c.print(f"\n[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
+            soft_wrap=True)
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("#", justify="right")
+    table.add_column("item_id", no_wrap=True)
+    table.add_column("title")
+    table.add_column("score", justify="right")
+    for rank, item in enumerate(items, start=1):
+        table.add_row(str(rank), printable(item["item_id"]), printable(item["title"]), f"{item['score']:.3f}")
+    c.print(table)
+
+
+def print_answers(result, json_mode: bool) -> None:
+    """What ``gencli recommend`` prints for a query (:class:`gencli.flow.query.Answers`)."""
+    answers = result.answers
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        payload: dict[str, Any] = {"status": "done", "users": len(answers),
+                                   "skipped_ids": sum(len(a["skipped"]) for a in answers),
+                                   "unconditional_users": sum(1 for a in answers if a["skipped"] and
+                                                              not a["history_used"]), **result.provenance}
+        if result.output is not None:
+            payload["output"] = str(result.output)
+        else:
+            payload["recommendations"] = answers
+        emit_json(payload)
+        return
+    from gencli.ui.output import console
+
+    c = console()
+    if result.output is not None:
+        c.print(f"[green]✓[/green] recommendations for {len(answers)} user(s) → {result.output}")
+        return
+    for answer, history in zip(answers, result.histories, strict=True):
+        print_user(c, answer["user_id"], [result.titles[i] for i in history], answer["items"])
+
+
+def show_examples(workdir: Path, n_users: int = 3, top: int = 5) -> None:
+    """After `gencli run`: a few users' recent history and their top items, so a newcomer sees the output."""
+    import numpy as np
+    import polars as pl
+
+    from gencli.core.infer import workdir as rec_workdir
+    from gencli.flow.export import recommend_inputs
+    from gencli.ui.output import console
+    from gencli.workspace import Workspace
+
+    ws = Workspace(workdir)
+    path = ws.step_dir("recommend") / rec_workdir.RECOMMENDATIONS
+    frame = pl.read_parquet(path)
+    inputs = recommend_inputs(ws)
+    titles = inputs.items()["title"].cast(pl.String).to_list()
+    user_ids, histories = rec_workdir.histories(inputs)
+    c = console()
+    c.print(f"\n[bold]recommendations[/bold] (top {top} of {len(user_ids)} users; all in {path})")
+    picks = np.linspace(0, len(user_ids) - 1, num=min(n_users, len(user_ids))).astype(int).tolist()
+    for i in dict.fromkeys(picks):
+        rows = frame.filter((pl.col("user_id") == user_ids[i]) & (pl.col("rank") <= top)).sort("rank")
+        print_user(c, user_ids[i], [titles[j] for j in histories[i]], rows.select("item_id", "title", "score").to_dicts())
