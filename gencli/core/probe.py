@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from gencli.config import ProbeConfig
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
 
 PROBE_JSON = "probe.json"
-CATEGORY_RULES = ("first", "last", "whole")
 QS = (1, 3, 5)
 
 
@@ -192,7 +192,7 @@ def model_rows(model_dir: Path, token_ids: Sequence[int]) -> np.ndarray:
     return rows
 
 
-def run(cfg: Any, models: Mapping[str, tuple[Path, Sequence[Sequence[int]]]], codebooks: Sequence[np.ndarray],
+def run(cfg: ProbeConfig, models: Mapping[str, tuple[Path, Sequence[Sequence[int]]]], codebooks: Sequence[np.ndarray],
         codes: np.ndarray, categories: Sequence[str | None] | None, item_counts: np.ndarray, out_dir: Path,
         progress: Progress = SILENT) -> dict[str, Any]:
     """Probe level ``cfg.level`` of the quantizer's centroids and of every model step in ``models``

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,8 @@ from click.testing import CliRunner
 from gencli.cli import cli
 from gencli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "sample_data"
 
 
 def _invoke(*args):
@@ -67,19 +72,36 @@ def test_status_on_a_missing_workdir_exits_2(tmp_path):
     assert not missing.exists()
 
 
-def test_ctrl_c_during_a_step_exits_130_and_keeps_nothing_half_written(tmp_path, monkeypatch):
-    import gencli.core.data.ingest as core
+# Ctrl-C as on a terminal, even when the test runner was started with SIGINT ignored (which children inherit)
+CTRL_C_ABLE = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from gencli.cli import main; sys.argv[0] = 'gencli'; main()")
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
 
-    monkeypatch.setattr(core, "run", interrupted)
+def test_ctrl_c_during_a_step_exits_130_and_keeps_nothing_half_written(tmp_path):
+    """A real SIGINT to a real ``gencli ingest`` once its core is working (its first progress line says so): the
+    interactions are 20 renamed copies of the sample's users, so ingest is still reading when the signal lands."""
+    lines = (SAMPLE / "interactions.csv").read_text(encoding="utf-8").splitlines()
+    interactions = tmp_path / "interactions.csv"
+    interactions.write_text("\n".join([lines[0], *(f"copy{c}-{row}" for c in range(20) for row in lines[1:])]) + "\n",
+                            encoding="utf-8")
     wd = tmp_path / "w"
-    result = _invoke("ingest", "--items", str(SAMPLE / "items.csv"), "--interactions",
-                     str(SAMPLE / "interactions.csv"), "--workdir", str(wd))
-    assert result.exit_code == EXIT_INTERRUPTED, result.output
-    assert "interrupted" in result.output
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "GENCLI_NO_PROGRESS")}  # progress lines on stderr
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_ABLE, "--threads", "1", "ingest", "--items",
+                             str(SAMPLE / "items.csv"), "--interactions", str(interactions), "--workdir", str(wd)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # the first task's "started" line is printed inside the core's run()
+        seen.append(line)
+        if ": started" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    err = "".join(seen) + err
+    assert proc.returncode == EXIT_INTERRUPTED, f"stdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+    assert "reading input: started" in err and "interrupted" in err
     assert not (wd / "ingest").exists() and not (wd / ".staging" / "ingest").exists()
+    assert json.loads((wd / "manifest.json").read_text())["steps"]["ingest"]["status"] != "done"
 
 
 def test_pipeline_tables_become_the_configs_the_options_build():

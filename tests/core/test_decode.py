@@ -49,11 +49,14 @@ def test_trie_structure_by_hand():
     child, tok, valid = trie.children(torch.tensor([0]), 0)
     assert tok[valid].tolist() == [5, 6]
     # depth-1 node 0 is prefix (5,), node 1 is (6,)
-    _, tok, valid = trie.children(torch.tensor([0, 1]), 1)
+    # which next tokens keep each prefix inside the catalog: the valid slots beam search scores
+    child, tok, valid = trie.children(torch.tensor([0, 1]), 1)
     assert tok[0][valid[0]].tolist() == [7, 8] and tok[1][valid[1]].tolist() == [7]
-    mask = trie.allowed_mask(torch.tensor([0, 1]), 1, vocab_size=12)
-    assert mask[0].nonzero().flatten().tolist() == [7, 8]
-    assert mask[1].nonzero().flatten().tolist() == [7]
+    # (6,) has one child: its padded slot is invalid, and repeats the first child so it can still index
+    assert valid.tolist() == [[True, True], [True, False]]
+    assert tok[1].tolist() == [7, 7] and child[1].tolist() == [2, 2]
+    # each valid child is the node its token leads to; depth-2 nodes are (5,7), (5,8), (6,7)
+    assert child[valid].tolist() == trie.step(torch.tensor([0, 0, 1]), 1, tok[valid]).tolist() == [0, 1, 2]
     assert trie.step(torch.tensor([0, 0, 1]), 1, torch.tensor([8, 6, 8])).tolist() == [1, -1, -1]
     paths = np.array([[5, 7, 10], [6, 7, 9], [5, 7, 9], [5, 8, 9], [6, 8, 9], [9, 9, 9], [11, 7, 9]])
     assert trie.lookup(paths).tolist() == [3, 2, 0, 1, -1, -1, -1]

@@ -1,15 +1,19 @@
-"""gencli.core.probe on constructed embeddings with known answers."""
+"""gencli.core.probe on constructed embeddings with known answers, and on real tiny model folders."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from gencli.config import ProbeConfig
 from gencli.core import probe
-from gencli.errors import InputError
+from gencli.core.lm.backbone import train_tiny_tokenizer
+from gencli.errors import ArtifactError, InputError
 
 
 def test_popularity_along_one_direction_gives_r2_one():
@@ -105,9 +109,36 @@ def _inputs(k=8, d=6, n_items=40, seed=0):
     return codes, books, cats, counts
 
 
+def model_folder(folder: Path, levels: list[np.ndarray]) -> tuple[Path, list[list[int]]]:
+    """A real tiny Qwen3 folder (with its tokenizer) whose SID tokens, appended after the base vocabulary one level
+    after the other, have the input embedding rows ``levels[l]`` [K_l, hidden]; returns it and the token ids."""
+    tok = train_tiny_tokenizer(["a tiny model for the probe"], vocab_size=300)
+    starts = np.cumsum([len(tok), *(len(rows) for rows in levels)])
+    token_ids = [list(range(int(a), int(b))) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    hidden = levels[0].shape[1]
+    config = Qwen3Config(vocab_size=int(starts[-1]), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=4, intermediate_size=16)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for ids, rows in zip(token_ids, levels, strict=True):
+            model.get_input_embeddings().weight[ids] = torch.as_tensor(rows, dtype=torch.float32)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, token_ids
+
+
+def test_model_rows_are_the_input_embeddings_of_the_sid_tokens(tmp_path):
+    rows = np.arange(24, dtype=np.float32).reshape(4, 6) / 8
+    folder, token_ids = model_folder(tmp_path / "m", [rows, -rows[:2]])
+    got = probe.model_rows(folder, token_ids[0])
+    assert got.dtype == np.float64 and got.tolist() == rows.tolist()
+    assert probe.model_rows(folder, token_ids[1][::-1]).tolist() == (-rows[:2][::-1]).tolist()
+
+
 def test_run_without_models_or_categories_still_reports_scale_and_popularity(tmp_path):
     codes, books, _, counts = _inputs()
-    cfg = SimpleNamespace(level=0, m=3, category_rule="first", pictures=False)
+    cfg = ProbeConfig(level=0, m=3, category_rule="first", pictures=False)
     result = probe.run(cfg, {}, books, codes, None, counts, tmp_path)
     assert result["untouched_tokens"] == 1 and result["untouched_share"] == pytest.approx(1 / 8)
     assert "no category" in result["note"]
@@ -119,18 +150,19 @@ def test_run_without_models_or_categories_still_reports_scale_and_popularity(tmp
 
 def test_run_rejects_the_dedup_level(tmp_path):
     codes, books, cats, counts = _inputs()
-    cfg = SimpleNamespace(level=2, m=3, category_rule="first", pictures=False)
+    cfg = ProbeConfig(level=2, m=3, category_rule="first", pictures=False)
     with pytest.raises(InputError, match="levels 0..1"):
         probe.run(cfg, {}, books, codes, cats, counts, tmp_path)
 
 
-def test_run_probes_model_rows_and_draws_pictures(tmp_path, monkeypatch):
+def test_run_probes_model_rows_and_draws_pictures(tmp_path):
     codes, books, cats, counts = _inputs()
-    rows = {"a": books[0] * 2.0, "b": np.random.default_rng(9).normal(size=(8, 6))}
-    monkeypatch.setattr(probe, "model_rows", lambda folder, ids: rows[str(folder)][np.array(ids) - 100])
-    models = {"init-vocab": ("a", [list(range(100, 108)), [0, 1, 2, 3]]), "sft": ("b", [list(range(100, 108))])}
-    cfg = SimpleNamespace(level=0, m=2, category_rule="first", pictures=True)
-    result = probe.run(cfg, models, books, codes, cats, counts, tmp_path)
+    # init-vocab: a model whose level-0 rows are the centroids scaled by 2; sft: random rows
+    models = {"init-vocab": model_folder(tmp_path / "a", [books[0] * 2.0, books[1]]),
+              "sft": model_folder(tmp_path / "b", [np.random.default_rng(9).normal(size=(8, 6))])}
+    cfg = ProbeConfig(level=0, m=2, category_rule="first", pictures=True)
+    out = tmp_path / "probe"
+    result = probe.run(cfg, models, books, codes, cats, counts, out)
     by = {r["space"]: r for r in result["rows"]}
     assert list(by) == ["random", "semantic", "init-vocab", "sft"]
     assert result["categories"] == 3 and result["labelled_codes"] == 8
@@ -142,7 +174,7 @@ def test_run_probes_model_rows_and_draws_pictures(tmp_path, monkeypatch):
     assert by["random"]["purity"] == pytest.approx((3 * 2 + 3 * 2 + 2 * 1) / (8 * 7))
     assert result["pictures"] == ["pca_semantic.png", "pca_init-vocab.png", "pca_sft.png", "purity.png"]
     for name in result["pictures"]:
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compare_gives_b_minus_a_and_refuses_mismatched_probes():
@@ -169,12 +201,23 @@ def test_random_embeddings_explain_q_over_n_minus_1_of_any_target():
     assert np.mean(draws) == pytest.approx(3 / 20, abs=0.01)
 
 
-def test_run_refuses_diverged_rows(tmp_path, monkeypatch):
+def test_run_refuses_diverged_rows(tmp_path):
     codes, books, cats, counts = _inputs()
-    monkeypatch.setattr(probe, "model_rows", lambda folder, ids: np.full((8, 6), np.nan))
-    cfg = SimpleNamespace(level=0, m=2, category_rule="first", pictures=False)
-    with pytest.raises(InputError, match="NaN or inf"):
-        probe.run(cfg, {"sft": ("x", [list(range(8))])}, books, codes, cats, counts, tmp_path)
+    rows = books[0].copy()
+    rows[3, 1] = np.nan  # one NaN weight in one SID row, as a diverged run leaves
+    models = {"sft": model_folder(tmp_path / "sft", [rows])}
+    cfg = ProbeConfig(level=0, m=2, category_rule="first", pictures=False)
+    with pytest.raises(ArtifactError, match="SID rows hold NaN or inf .*rerun `gencli sft --force`"):
+        probe.run(cfg, models, books, codes, cats, counts, tmp_path / "probe")
+    assert not (tmp_path / "probe" / probe.PROBE_JSON).exists()
+
+
+def test_run_refuses_a_model_with_another_number_of_codes(tmp_path):
+    codes, books, cats, counts = _inputs()
+    models = {"cpt": model_folder(tmp_path / "cpt", [books[0][:6]])}
+    cfg = ProbeConfig(level=0, m=2, category_rule="first", pictures=False)
+    with pytest.raises(ArtifactError, match="'cpt' has 6 SID tokens at level 0 but the quantizer has 8 codes"):
+        probe.run(cfg, models, books, codes, cats, counts, tmp_path / "probe")
 
 
 def test_the_purity_chart_draws_its_ceiling():

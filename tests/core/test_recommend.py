@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from factories import tiny_qwen3
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
-from gencli.core.infer import bundle
+from gencli.core.infer import bundle, promote
 from gencli.core.infer.evaluate import run as run_eval
 from gencli.core.infer.recommend import Recommender
 from gencli.core.lm.prompt import SidVocab
@@ -68,6 +69,40 @@ def test_include_seen_is_exactly_evals_ranking(parts, tmp_path):
     # and through the id API
     lists = rec.recommend_batch([[ids[i] for i in h] for h in histories], k=5, beams=8, exclude_seen=False)
     assert [[r.item_id for r in row] for row in lists] == [[ids[i] for i in row] for row in expected.tolist()]
+
+
+def test_promotion_scores_the_users_and_the_numbers_eval_gives(parts, tmp_path):
+    """run --promote draws its validation users and computes Recall/NDCG as gencli eval does: on the same split,
+    seed and number of users, promote.score of the recommender is eval's metrics.json, to the bit."""
+    root, vocab, codes, ids, _ = parts
+    rng = np.random.default_rng(5)
+    n = 14
+    histories = [rng.integers(0, N_ITEMS, rng.integers(0, 7)).tolist() for _ in range(n)]
+    rec = make(parts, batch_size=3)
+    top = rec.rank(histories, k=5, beams=8, exclude_seen=False).items.tolist()
+    # even users: a target at rank u % 5 + 1 of their own list; odd users: a random item (mostly a miss)
+    targets = [top[u][u % 5] if u % 2 == 0 else int(rng.integers(0, N_ITEMS)) for u in range(n)]
+    split = pl.DataFrame({"user_idx": pl.Series(range(n), dtype=pl.Int32),
+                          "history": pl.Series(histories, dtype=pl.List(pl.Int32)),
+                          "target": pl.Series(targets, dtype=pl.Int32)})
+    cfg = EvalConfig(beams=8, k=(5,), batch_size=4, max_history=3, device="cpu", max_users=9, seed=3)
+    metrics = run_eval(cfg, model_dir=root / "model", vocab=vocab, item_codes=codes, item_ids=ids, split=split,
+                       target_buckets=None, cohort_mask=None, out_dir=tmp_path)["metrics"]["overall"]
+    chosen = pl.read_parquet(tmp_path / artifacts.PREDICTIONS)["user_idx"].to_list()
+    everyone = promote.ValidationUsers([[ids[i] for i in h] for h in histories], [ids[t] for t in targets])
+    users = everyone.sample(9, seed=3)
+    assert users.targets == [ids[targets[u]] for u in chosen] and len(chosen) == 9
+    assert users.histories == [everyone.histories[u] for u in chosen]
+    ranks = [top[u].index(targets[u]) + 1 if targets[u] in top[u] else 0 for u in chosen]
+    assert metrics["recall@5"] == pytest.approx(sum(r > 0 for r in ranks) / 9) and 0 < metrics["recall@5"] < 1
+    assert metrics["ndcg@5"] == pytest.approx(sum(1 / math.log2(r + 1) for r in ranks if r) / 9)
+    assert promote.score(rec, users, k=5, beams=8) == {**metrics, "unknown_targets": 0}
+    # a target the bundle does not know (a new item) is a miss, and is counted
+    grown = promote.ValidationUsers([*users.histories, []], [*users.targets, "new-item"])
+    scored = promote.score(rec, grown, k=5, beams=8)
+    assert scored["users"] == 10 and scored["unknown_targets"] == 1
+    assert scored["recall@5"] == pytest.approx(metrics["recall@5"] * 9 / 10)
+    assert everyone.sample(0, seed=3) == everyone == everyone.sample(n, seed=3)
 
 
 def test_exclude_seen_gives_k_distinct_unseen_items_even_when_most_are_seen(parts):

@@ -31,7 +31,6 @@ _REQUIRED = {
     artifacts.TRAIN: ("user_idx", "user_id", "sequence"),
     artifacts.VALID: ("user_idx", "user_id", "history", "target"),
     artifacts.TEST: ("user_idx", "user_id", "history", "target"),
-    artifacts.USERS: ("user_idx", "user_id"),
 }
 
 
@@ -74,11 +73,6 @@ def load_split(ingest_dir: Path, split: str) -> pl.DataFrame:
 def load_interactions(ingest_dir: Path) -> pl.DataFrame:
     """interactions.parquet: user_idx, user_id, item_idx, timestamp, rating (chronological per user)."""
     return _load(ingest_dir, artifacts.INTERACTIONS)
-
-
-def load_users(ingest_dir: Path) -> pl.DataFrame:
-    """users.parquet: user_idx (0..n-1), user_id."""
-    return _load(ingest_dir, artifacts.USERS)
 
 
 def train_target_counts(train: pl.DataFrame, n_items: int) -> np.ndarray:

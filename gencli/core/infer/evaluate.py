@@ -27,6 +27,8 @@ from gencli.core.infer.metrics import (
     popularity_percentile_at_k,
     popularity_ranks,
     rank_of_target,
+    ranking_metrics,
+    seeded_subsample,
     summarize,
 )
 from gencli.core.infer.trie import SidTrie
@@ -76,9 +78,7 @@ def select_users(
             )
     if rows.size == 0:
         raise InputError("the split to evaluate has no users; check the ingest step's split")
-    if 0 < max_users < rows.size:
-        rows = np.sort(np.random.default_rng(seed).choice(rows, size=max_users, replace=False))
-    return rows, cohort_size
+    return seeded_subsample(rows, max_users, seed), cohort_size
 
 
 def build_prompts(
@@ -139,7 +139,7 @@ class Evaluator:
         """Decode and rank every user (``prune``: prefill only the prompt tokens SAP keeps, ``gencli eval --prune``;
         ``fit_step`` > 0: fit the blend on these users first, on a grid of that step, as sft's validation does).
 
-        Returns {"items", "scores", "ranks", "metrics" (summarize()), "decode_seconds", "users_per_s"}, and with a
+        Returns {"items", "scores", "ranks", "metrics" (ranking_metrics()), "decode_seconds", "users_per_s"}, and with a
         ranker also "blend", "candidates", "model_only" and "content" (metrics) and "content_items".
         """
         started = time.perf_counter()
@@ -159,17 +159,16 @@ class Evaluator:
                 self.ranker.blend(self.exclude_seen)
             items, scores = rank(cands, blend, top)
             result["blend"], result["candidates"] = blend, cands
-            result["model_only"] = summarize(rank_of_target(out[0][:, :top], self.targets), ks, groups)
+            result["model_only"] = ranking_metrics(out[0][:, :top], self.targets, ks, groups)
             result["content_items"] = content_ranking(cands, top)
-            result["content"] = summarize(rank_of_target(result["content_items"], self.targets), ks, groups)
+            result["content"] = ranking_metrics(result["content_items"], self.targets, ks, groups)
         seconds = time.perf_counter() - started
-        ranks = rank_of_target(items, self.targets)
         return {
             **result,
             "items": items,
             "scores": scores,
-            "ranks": ranks,
-            "metrics": summarize(ranks, ks, groups),
+            "ranks": rank_of_target(items, self.targets),  # what predictions.parquet holds per user
+            "metrics": ranking_metrics(items, self.targets, ks, groups),
             "decode_seconds": seconds,
             "users_per_s": len(self.prompts) / seconds if seconds > 0 else float("inf"),
         }

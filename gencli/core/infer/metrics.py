@@ -1,7 +1,9 @@
-"""Recall@K and NDCG@K for next-item prediction (one target per user), overall and per group.
+"""Scoring rankings for next-item prediction (one target per user): which users, then Recall@K and NDCG@K.
 
-With a single relevant item the ideal DCG is 1, so NDCG@K = 1 / log2(rank + 1) when the
-target is ranked within the first K, else 0; Recall@K is the hit rate.
+``gencli eval`` (and sft's validation) and ``run --promote`` score through the same two functions:
+:func:`seeded_subsample` picks the users, :func:`ranking_metrics` turns their ranked items and targets
+into the Recall/NDCG block. With a single relevant item the ideal DCG is 1, so NDCG@K = 1 / log2(rank + 1)
+when the target is ranked within the first K, else 0; Recall@K is the hit rate.
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ import numpy as np
 GROUP_ORDER = ("head", "torso", "tail")  # popularity buckets first, in this order; other groups sorted after
 
 
+def seeded_subsample(rows: int | np.ndarray, size: int, seed: int) -> np.ndarray:
+    """A seeded sample of ``size`` of ``rows`` (row indices, or n for 0..n-1) without repeats, in ascending order;
+    all of them when ``size`` is 0 or not below their count. The one draw behind eval's --max-users, sft's
+    validation users and promotion's validation users: the same rows and seed give the same users everywhere."""
+    rows = np.arange(rows) if isinstance(rows, (int, np.integer)) else np.asarray(rows)
+    if not 0 < size < rows.size:
+        return rows
+    return np.sort(np.random.default_rng(seed).choice(rows, size=size, replace=False))
+
+
 def rank_of_target(pred_items: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """1-based position of each user's target in its prediction row [U, K]; 0 when absent."""
+    """1-based position of each user's target in its prediction row [U, K]; 0 when absent. A negative target (an
+    item the ranking cannot know) is absent, even from a row padded with -1 (no item)."""
     pred_items = np.asarray(pred_items)
     targets = np.asarray(targets)
     if pred_items.ndim != 2 or targets.shape != (pred_items.shape[0],):
         raise ValueError(f"pred_items must be [U, K] and targets [U] (got {pred_items.shape} and {targets.shape})")
-    hit = pred_items == targets[:, None]
+    hit = (pred_items == targets[:, None]) & (targets[:, None] >= 0)
     return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, 0).astype(np.int64)
 
 
@@ -64,6 +77,13 @@ def summarize(ranks: np.ndarray, ks: tuple[int, ...] | list[int], groups: np.nda
         for label in ordered:
             summary[label] = _block(ranks[groups == label], ks)
     return summary
+
+
+def ranking_metrics(items: np.ndarray, targets: np.ndarray, ks: tuple[int, ...] | list[int],
+                    groups: np.ndarray | None = None) -> dict:
+    """The Recall/NDCG block (:func:`summarize`) of ranked item rows [U, K] (best first, -1 = no item) against each
+    user's one target [U] (-1 = an item the ranking cannot know: a miss)."""
+    return summarize(rank_of_target(items, targets), ks, groups)
 
 
 def popularity_order(counts: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.metrics import ranking_metrics, seeded_subsample
 from gencli.errors import InputError
 
 PROMOTE_K = 10
@@ -35,21 +35,19 @@ class ValidationUsers:
     targets: list[str]
 
     def sample(self, max_users: int, seed: int) -> ValidationUsers:
-        """A seeded subsample of ``max_users`` (all when 0 or fewer users)."""
-        if not 0 < max_users < len(self.targets):
-            return self
-        rows = np.sort(np.random.default_rng(seed).choice(len(self.targets), size=max_users, replace=False))
+        """A seeded subsample of ``max_users`` (all when 0 or not fewer users): the users ``gencli eval --max-users``
+        draws from the same split with the same seed (:func:`seeded_subsample`)."""
+        rows = seeded_subsample(len(self.targets), max_users, seed)
         return ValidationUsers([self.histories[i] for i in rows], [self.targets[i] for i in rows])
 
 
 def score(recommender, users: ValidationUsers, k: int = PROMOTE_K, beams: int = 0) -> dict[str, Any]:
-    """Recall@k and NDCG@k of a bundle's recommender on ``users`` (no masking of seen items)."""
+    """Recall@k and NDCG@k of a bundle's recommender on ``users`` (no masking of seen items), computed by eval's
+    :func:`ranking_metrics`, and how many targets the bundle does not know (misses)."""
     histories = [recommender.resolve(h)[0] for h in users.histories]
     ranked = recommender.rank(histories, k=k, beams=beams, exclude_seen=False)
     targets = np.array([recommender.index.get(t, -1) for t in users.targets], dtype=np.int64)
-    ranks = rank_of_target(ranked.items, targets)
-    return {f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k), "users": len(targets),
-            "unknown_targets": int((targets < 0).sum())}
+    return {**ranking_metrics(ranked.items, targets, (k,))["overall"], "unknown_targets": int((targets < 0).sum())}
 
 
 def decide(new: float, current: float | None, tolerance: float) -> tuple[bool, str]:

@@ -96,12 +96,6 @@ class SidTrie:
         child = torch.where(valid, child, lo[:, None])  # every node has >= 1 child, so lo is a real node
         return child, self._node_token[depth][child], valid
 
-    def allowed_mask(self, nodes: torch.Tensor, depth: int, vocab_size: int) -> torch.Tensor:
-        """Boolean [N, vocab_size]: which next tokens keep each depth-``depth`` prefix inside the catalog."""
-        _, tokens, _ = self.children(nodes, depth)  # padded slots repeat the first child's (allowed) token
-        mask = torch.zeros(len(nodes), vocab_size, dtype=torch.bool, device=nodes.device)
-        return mask.scatter_(1, tokens, True)
-
     def step(self, nodes: torch.Tensor, depth: int, tokens: torch.Tensor) -> torch.Tensor:
         """Depth-``depth+1`` node reached from ``nodes`` by ``tokens`` ([N] each); -1 where no item has it."""
         keys = self._node_key[depth]
