@@ -35,7 +35,7 @@ def export(out_dir, model_step, max_history, users, force, workdir, json_mode):
       gencli recommend --bundle ./shop-model --history i0001,i0042 --k 5
       gencli recommend --bundle ./shop-model --output recs.parquet
     """
-    from gencli.flow.export import check_target, export_bundle
+    from gencli.flow.release import check_target, export_bundle
     from gencli.workspace import Workspace
     from gencli.workspace.executor import quiet_libraries
 

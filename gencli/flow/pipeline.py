@@ -55,7 +55,7 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
              on_step: Callable[[str, Any], None] | None = None) -> Report:
     """Run every step of ``plan`` in ``workdir``; ``on_step(name, outcome or error)`` after each, for display."""
     from gencli.config.fields import command_line
-    from gencli.flow import retrain
+    from gencli.flow import release as retrain
     from gencli.steps import STEPS
     from gencli.ui.progress import log_event
     from gencli.workspace.executor import execute

@@ -186,7 +186,7 @@ def run_config(toml: dict[str, Any], given: dict[str, Any], base: Path):
 def make_plan(path: Path, workdir: Path, given: dict[str, Any], overrides: dict[str, Any] | None = None,
               sets: list[str] | tuple[str, ...] = ()) -> Plan:
     """The whole plan for ``workdir``, or one InputError listing every problem of every step."""
-    from gencli.flow.retrain import apply_previous, pin_previous, resolve_previous
+    from gencli.flow.release import apply_previous, pin_previous, resolve_previous
 
     toml = load_toml(path)
     base = path.resolve().parent

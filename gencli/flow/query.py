@@ -215,7 +215,7 @@ def _open(cfg, ws, query: Query, queries):
     provenance = bundle_provenance(rec.metadata)
     if ws is not None:
         from gencli.core.infer import workdir
-        from gencli.flow.export import recommend_inputs
+        from gencli.flow.release import recommend_inputs
 
         inputs = recommend_inputs(ws)
         item_ids = inputs.items()["item_id"].cast(pl.String).to_list()

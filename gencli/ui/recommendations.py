@@ -72,7 +72,7 @@ def show_examples(workdir: Path, n_users: int = 3, top: int = 5) -> None:
     import polars as pl
 
     from gencli.core.infer import workdir as rec_workdir
-    from gencli.flow.export import recommend_inputs
+    from gencli.flow.release import recommend_inputs
     from gencli.ui.output import console
     from gencli.workspace import Workspace
 
