@@ -142,12 +142,15 @@ def _convert(f, value: Any, base: Path) -> tuple[Any, str | None]:
     kind = f.annotation
     if kind is bool:
         return (value, None) if isinstance(value, bool) else (None, f"must be true or false (got {value!r})")
-    if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return (value, None) if ok else (None, f"must be an integer (got {value!r})")
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return (float(value), None) if ok else (None, f"must be a number (got {value!r})")
+    if kind in (int, float):  # a quoted number parses as the option would ("3", "0.003")
+        wrong = (None, f"must be {'an integer' if kind is int else 'a number'} (got {value!r})")
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (kind is int and
+                                                                                   isinstance(value, float)):
+            return wrong
+        try:
+            return kind(value), None
+        except ValueError:
+            return wrong
     if typing.get_origin(kind) is tuple:
         item = typing.get_args(kind)[0]
         parts = value if isinstance(value, list) else [x.strip() for x in str(value).split(",") if x.strip()]

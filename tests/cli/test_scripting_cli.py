@@ -120,3 +120,7 @@ def test_pipeline_tables_become_the_configs_the_options_build():
     assert stamp.sap and stamp.map
     _, problems = step_config("eval", {"k": [5, "x"], "beams": "20", "prune": 1, "nope": 1}, SAMPLE)
     assert len(problems) == 4 and all(p.startswith("[eval] ") for p in problems)
+    quoted, problems = step_config("sft", {"lr": "0.003", "max-steps": "5"}, SAMPLE)  # as the option parses them
+    assert not problems and (quoted.lr, quoted.max_steps) == (0.003, 5)
+    _, problems = step_config("sft", {"lr": True, "max-steps": 2.5, "seed": "x", "batch-size": [1]}, SAMPLE)
+    assert [p.split(":")[0] for p in problems] == ["[sft] --lr", "[sft] --max-steps", "[sft] --seed", "[sft] --batch-size"]
