@@ -88,7 +88,7 @@ def test_the_shared_path_is_taken_and_left_alone_where_unsupported(monkeypatch):
     real = shared_kv.SharedPrompt.attend
     monkeypatch.setattr(shared_kv.SharedPrompt, "attend", lambda self, *a: calls.append(1) or real(self, *a))
     constrained_beam_search(model, [[1, 2, 3]], SidTrie(sids), beams=4, top_k=4)
-    assert calls and model.config._attn_implementation == "sdpa"  # switched back after the decode steps
+    assert calls and model.config._attn_implementation == "sdpa"  # the model is left as it was
     sliding = Qwen3ForCausalLM(Qwen3Config(vocab_size=BASE + sum(LEVELS), hidden_size=32, num_hidden_layers=2,
                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                            intermediate_size=64, use_sliding_window=True, sliding_window=4,

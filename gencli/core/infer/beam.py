@@ -164,9 +164,9 @@ def _decode_batch(
         tokens = tok.reshape(-1)[pick.reshape(-1)]
         if shared is not None:  # the prompt's keys/values stay once per user; only the decoded tokens follow beams
             shared.reorder(src)
-            with shared_kv.shared_attention(model):
-                out = model(input_ids=tokens[:, None], position_ids=next_pos + t, use_cache=False,
-                            gencli_shared=shared)
+            # a 4D mask is taken as prepared: HF builds none (the shared cache holds the prompt's padding)
+            out = model(input_ids=tokens[:, None], attention_mask=shared.no_mask, position_ids=next_pos + t,
+                        use_cache=False, gencli_shared=shared)
         else:
             cache.reorder_cache(row[src] if t == 0 else src)  # t == 0 also expands the prefill cache to b*beams rows
             beam_mask = torch.cat([beam_mask, torch.ones_like(beam_mask[:, :1])], dim=1)

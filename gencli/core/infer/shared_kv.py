@@ -13,24 +13,22 @@ the same sums as attention over the expanded cache, computed with the beams of a
 matrix product against their prompt. The softmax is taken in float32 and cast back, as HF's eager attention
 does; against HF's fused kernels the scores differ only by float rounding (about 1e-7 relative).
 
-The function is registered as an attention implementation and switched in on the model's config only for the
-decode steps (:func:`shared_attention`); models whose attention it does not reproduce (sliding windows,
-soft-capping, sinks, other architectures) keep HF's cache (:func:`supports`).
+The decode steps pass the :class:`SharedPrompt` to the model as a keyword that reaches the attention function; the
+function registered as HF's ``sdpa`` runs HF's own sdpa attention for every call without it. Models whose attention
+this does not reproduce (eager or flash attention, sliding windows, soft-capping, other architectures) keep HF's
+cache (:func:`supports`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-ATTN_NAME = "gencli_shared_prompt"
-# architectures whose attention is exactly softmax(q k^T * scaling + mask) v with GQA (checked against HF's output
-# in tests/core/test_decode.py); anything else decodes with HF's cache
+# architectures whose attention is exactly softmax(q k^T * scaling + mask) v with GQA (checked against HF's cache
+# in tests/core/test_shared_kv.py); anything else decodes with HF's cache
 SUPPORTED = frozenset({"qwen3", "qwen2", "llama"})
 
 
@@ -42,6 +40,7 @@ class SharedPrompt:
         # additive padding mask [b, 1, 1, P]: left padding of the prompt never attended to
         bias = torch.zeros(mask.shape, dtype=keys[0].dtype, device=keys[0].device)
         self.bias = bias.masked_fill(mask == 0, -math.inf)[:, None, None, :]
+        self.no_mask = self.bias[:1, :, :, :1]  # passed as the decode steps' (unused) attention mask
         n = len(keys)
         self.suffix_k: list[torch.Tensor | None] = [None] * n
         self.suffix_v: list[torch.Tensor | None] = [None] * n
@@ -81,23 +80,33 @@ class SharedPrompt:
         return out.reshape(rows, 1, heads, d)
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-               gencli_shared: SharedPrompt | None = None, **kwargs):
-    if gencli_shared is None or sliding_window is not None or query.shape[2] != 1:
-        raise RuntimeError(f"the {ATTN_NAME} attention only runs gencli's beam decode steps")
+_SDPA = AttentionInterface._global_mapping["sdpa"]
+_SDPA = getattr(_SDPA, "hf_sdpa", _SDPA)  # a reload of this module must not wrap its own wrapper
+
+
+def _attention(module, query, key, value, attention_mask, *args, gencli_shared: SharedPrompt | None = None,
+               **kwargs):
+    """HF's sdpa attention, unless the call carries a :class:`SharedPrompt` (gencli's beam decode steps only)."""
+    if gencli_shared is None:
+        return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)
+    if kwargs.get("sliding_window") is not None or query.shape[2] != 1:
+        raise RuntimeError("the shared prompt cache only runs gencli's beam decode steps (one token, no window)")
+    scaling = kwargs.get("scaling")
     scale = module.head_dim**-0.5 if scaling is None else scaling
     return gencli_shared.attend(module.layer_idx, query, key, value, scale), None
 
 
-AttentionInterface.register(ATTN_NAME, _attention)
+# Registered over HF's sdpa (which it calls whenever the call carries no SharedPrompt), rather than switched in on the
+# model's config for the decode steps: nothing about the model changes during a call, so one Recommender stays safe
+# to share between threads.
+_attention.hf_sdpa = _SDPA
+AttentionInterface.register("sdpa", _attention)
 
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether this model's decode steps can run on :class:`SharedPrompt` (else HF's cache is kept)."""
     config = model.config
-    if getattr(config, "model_type", None) not in SUPPORTED or getattr(config, "_attn_implementation", None) not in (
-        "sdpa", "eager"
-    ):
+    if getattr(config, "model_type", None) not in SUPPORTED or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     if getattr(config, "attn_logit_softcapping", None) or any(
         t != "full_attention" for t in getattr(config, "layer_types", None) or []
@@ -142,13 +151,3 @@ def assemble(parts: list[tuple[list[int], DynamicCache]], mask: torch.Tensor, be
         keys.append(k)
         values.append(v)
     return SharedPrompt(keys, values, mask, beams)
-@contextlib.contextmanager
-def shared_attention(model: torch.nn.Module) -> Iterator[None]:
-    """The model's attention is :data:`ATTN_NAME` inside the block, what it was after it."""
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = ATTN_NAME
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
