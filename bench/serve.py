@@ -203,7 +203,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--decode-batch", type=int, default=8)
+    parser.add_argument("--decode-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=CACHE / "serve-results.json")

@@ -178,9 +178,8 @@ class ServeConfig:
     max_batch: int = option(32, "Most histories taken into one batch.")
     max_wait_ms: float = option(5.0, "Under concurrent load, how long a batch waits for more requests (a lone "
                                      "request never waits).")
-    decode_batch: int = option(8, "Histories per pass of the beam search: a batch is sorted by history length and "
-                                  "decoded this many at a time (smaller passes keep the search's cache in the CPU's "
-                                  "caches).")
+    decode_batch: int = option(16, "Histories per pass of the beam search: a batch is sorted by history length and "
+                                   "decoded this many at a time (on a CPU 16 decoded faster per history than 8 or 32).")
     queue: int = option(256, "Histories admitted and not yet answered; past it requests get 503 with Retry-After.")
     max_k: int = option(100, "Largest k a request may ask for.")
     max_history_ids: int = option(1000, "Most item ids in one history.")

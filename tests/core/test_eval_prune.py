@@ -14,6 +14,7 @@ from factories import sap_scores_by_hand, tiny_qwen3
 
 from gencli.config import EvalConfig, StampConfig, TrainConfig
 from gencli.core import artifacts
+from gencli.core.infer import beam
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.evaluate import run
 from gencli.core.infer.trie import SidTrie
@@ -45,11 +46,12 @@ def model():
 
 
 def record_calls(model):
-    """Keyword inputs of every model.forward call (prefill, then one per decoding step)."""
+    """Keyword inputs of every model.forward call (prefill, then one per decoding step; the decoding steps pass no
+    attention mask: the prompt's padding is in the shared prompt cache, gencli.core.infer.shared_kv)."""
     calls = []
 
     def hook(_module, _args, kwargs):
-        calls.append({k: kwargs[k].clone() for k in ("input_ids", "attention_mask", "position_ids")})
+        calls.append({k: kwargs[k].clone() for k in ("input_ids", "attention_mask", "position_ids") if k in kwargs})
 
     return calls, model.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -62,7 +64,8 @@ def test_keep_ratio_one_is_bit_identical_to_no_pruning(model):
     assert np.array_equal(plain[0], pruned[0]) and np.array_equal(plain[1], pruned[1])
 
 
-def test_prefill_sees_kept_tokens_at_their_original_positions(model):
+def test_prefill_sees_kept_tokens_at_their_original_positions(model, monkeypatch):
+    monkeypatch.setattr(beam, "PREFILL_CALL_TOKENS", 10_000)  # the whole batch in one prefill run
     sids, prompts = catalog(), prompts_of()
     settings = StampConfig(sap=True, layer=1, keep_ratio=0.5, recent_window=4)
     calls, handle = record_calls(model)

@@ -32,10 +32,16 @@ from transformers import DynamicCache
 
 from gencli.config import StampConfig
 from gencli.core import dist
+from gencli.core.infer import shared_kv
 from gencli.core.infer.trie import SidTrie
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count, prune_prompts
 from gencli.core.stamp.sap import resolve
+
+# one prefill call's fixed cost in prompt tokens: a batch's prompts are prefilled in runs of similar length
+# (shared_kv.prefill_runs) where a run's padding would cost more than another call (measured on the sample bundle's
+# tiny model on a CPU, docs/benchmarks.md "serve")
+PREFILL_CALL_TOKENS = 80
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -89,12 +95,15 @@ def _decode_batch(
     rows: torch.Tensor | None = None,
     prune: StampConfig | None = None,
     dead: list[torch.Tensor] | None = None,
+    share_prompt: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Beam search for one batch of users: (items [b, beams], scores [b, beams], dead beams at -inf; the prefill's
     log-probabilities of the first SID tokens [b, G], in :attr:`SidTrie.first_tokens` order).
 
     ``dead`` (:meth:`SidTrie.dead_keys` of this batch's users) masks every trie node whose items the
-    user must not get, so those prefixes never take a beam.
+    user must not get, so those prefixes never take a beam. ``share_prompt`` keeps one prompt key/value cache per
+    user for all its beams (:mod:`gencli.core.infer.shared_kv`, where the model allows it); False expands HF's
+    cache to every beam (the reference the tests compare with).
     """
     device = trie._leaf_item.device
     b = len(prompts)
@@ -104,11 +113,29 @@ def _decode_batch(
     if prune is not None and any(kept_count(len(p), prune) < len(p) for p in prompts):  # else nothing to score
         prompts, positions = prune_prompts(model, prompts, prune, device)
     ids, mask, pos = _left_pad(prompts, device, positions)
-    cache = DynamicCache(config=model.config)
     extra = {"logits_to_keep": 1} if keep_kw else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
-    logp = _log_probs(out.logits[:, -1], rows)
-    del out
+    shared = cache = None
+    if share_prompt and trie.depth > 1:  # prefill runs of similar length, decode them together
+        parts, last = [], None
+        for run in shared_kv.prefill_runs([len(p) for p in prompts], PREFILL_CALL_TOKENS):
+            r_ids, r_mask, r_pos = _left_pad([prompts[i] for i in run], device,
+                                             None if positions is None else [positions[i] for i in run])
+            parts.append((run, DynamicCache(config=model.config)))
+            out = model(input_ids=r_ids, attention_mask=r_mask, position_ids=r_pos, use_cache=True,
+                        **{cache_kw: parts[-1][1]}, **extra)
+            if last is None:
+                last = out.logits.new_empty(b, out.logits.shape[-1])
+            last[torch.as_tensor(run, device=device)] = out.logits[:, -1]
+        del out
+        shared = shared_kv.assemble(parts, mask, beams)
+        del parts
+    else:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
+        last = out.logits[:, -1]
+        del out
+    logp = _log_probs(last, rows)
+    del last
     first = logp[:, trie.first_tokens]
     # one live beam per user at the start so the first step yields distinct beams (as HF does)
     score = torch.full((b, beams), -math.inf, device=device)
@@ -134,16 +161,17 @@ def _decode_batch(
         if t == trie.depth - 1:
             break
         src = origin.reshape(-1)
-        cache.reorder_cache(row[src] if t == 0 else src)  # t == 0 also expands the prefill cache to b*beams rows
-        beam_mask = torch.cat([beam_mask, torch.ones_like(beam_mask[:, :1])], dim=1)
         tokens = tok.reshape(-1)[pick.reshape(-1)]
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=beam_mask,
-            position_ids=next_pos + t,
-            use_cache=True,
-            **{cache_kw: cache},
-        )
+        if shared is not None:  # the prompt's keys/values stay once per user; only the decoded tokens follow beams
+            shared.reorder(src)
+            # a 4D mask is taken as prepared: HF builds none (the shared cache holds the prompt's padding)
+            out = model(input_ids=tokens[:, None], attention_mask=shared.no_mask, position_ids=next_pos + t,
+                        use_cache=False, gencli_shared=shared)
+        else:
+            cache.reorder_cache(row[src] if t == 0 else src)  # t == 0 also expands the prefill cache to b*beams rows
+            beam_mask = torch.cat([beam_mask, torch.ones_like(beam_mask[:, :1])], dim=1)
+            out = model(input_ids=tokens[:, None], attention_mask=beam_mask, position_ids=next_pos + t,
+                        use_cache=True, **{cache_kw: cache})
         logp = _log_probs(out.logits[:, -1], rows)
         del out
         row = torch.arange(b * beams, device=device)
@@ -173,6 +201,7 @@ def constrained_beam_search(
     prune: StampConfig | None = None,
     banned: Sequence[Sequence[int]] | None = None,
     first_level: bool = False,
+    share_prompt: bool = True,
 ) -> tuple[np.ndarray, ...]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
@@ -186,7 +215,8 @@ def constrained_beam_search(
     top_k distinct allowed items whenever the catalog has that many. Returns (items [U, top_k] int64, -1 where fewer than top_k items were
     reachable; scores [U, top_k] float32, -inf there), each row sorted by score then item index; with
     ``first_level`` also the prefill's log-probabilities of the first SID tokens [U, G] float32 (what the blend's
-    prefix part reads, :mod:`gencli.core.infer.blend`).
+    prefix part reads, :mod:`gencli.core.infer.blend`). ``share_prompt=False`` decodes with HF's cache copied to
+    every beam (the reference for :mod:`gencli.core.infer.shared_kv`; the same items, scores within float rounding).
     """
     if not 1 <= top_k <= beams:
         raise ValueError(f"top_k must be in [1, beams] (got top_k={top_k}, beams={beams})")
@@ -208,6 +238,7 @@ def constrained_beam_search(
     cache_kw = _cache_kwarg(model)
     rows = None if softmax_rows is None else torch.as_tensor(list(softmax_rows), dtype=torch.int64, device=device)
     keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+    share_prompt = share_prompt and shared_kv.supports(model)
     n = len(prompts)
     if banned is not None and len(banned) != n:
         raise ValueError(f"banned must hold one list per prompt ({n}), got {len(banned)}")
@@ -228,7 +259,7 @@ def constrained_beam_search(
             if banned is not None:
                 dead = [keys.to(device) for keys in trie.dead_keys([banned[i] for i in idx])]
             batch_items, batch_scores, batch_first = _decode_batch(
-                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead
+                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead, share_prompt
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
             done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy(),
