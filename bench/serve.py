@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=CACHE / "serve-results.json")
     args = parser.parse_args()
+    if args.bundle is not None and not (args.bundle / "gencli.json").is_file():
+        parser.error(f"--bundle {args.bundle}: not a bundle (no gencli.json); leave it out to build the sample one")
     os.environ["GENCLI_THREADS"] = str(args.threads)
     import torch
 

@@ -231,8 +231,14 @@ class Workspace:
             run.resume = resume or (not force and resumable(name) and _same_attempt(run.out_dir, fingerprint))
             if run.out_dir.exists() and not run.resume:
                 shutil.rmtree(run.out_dir)
+            fresh = not run.out_dir.exists()
             run.out_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(run.out_dir / STEP_JSON, self._record(run, status="running"))
+            try:
+                write_json_atomic(run.out_dir / STEP_JSON, self._record(run, status="running"))
+            except BaseException:  # Ctrl-C or a full disk here leaves no staging folder the caller cannot see
+                if fresh:
+                    shutil.rmtree(run.out_dir, ignore_errors=True)
+                raise
             return run
         except BaseException:
             self.release()
