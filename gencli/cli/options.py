@@ -76,17 +76,10 @@ def config_options(target: str | type) -> Callable:
 
 
 def config_from(target: str | type, values: dict[str, Any]) -> Any:
-    """A step's config (``target`` its name) or a plain command's (its class) from the command's option values
-    (consumed from ``values``); may raise ConfigError."""
-    from gencli.config.fields import build, step_fields
-    from gencli.steps import STEPS
+    """A step's config (``target`` its name) or a plain command's (its class) from the command's option values;
+    may raise ConfigError."""
+    from gencli.config.fields import build, build_step, step_fields
 
-    if not isinstance(target, str):
-        return build(target, {f.path: values.pop(f.name) for f in step_fields(target) if f.name in values})
-    entry = STEPS[target]
-    for alias, fields in entry.aliases.items():
-        if values.pop(alias, False):
-            values.update(dict.fromkeys(fields, True))
-    by_path = {f.path: values.pop(f.name) for f in step_fields(entry.config_class(), target, entry.renames)
-               if f.name in values}
-    return build(entry.config_class(), {**by_path, **{(k,): v for k, v in entry.fixed.items()}})
+    if isinstance(target, str):
+        return build_step(target, values)
+    return build(target, {f.path: values[f.name] for f in step_fields(target) if f.name in values})

@@ -87,6 +87,21 @@ def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
     return make(cls, ())
 
 
+def build_step(step: str, values: dict[str, Any]) -> Any:
+    """A step's config from option values keyed by field name (a nested field by its own name, as click names
+    them) and alias flags (``stamp``: true turns its fields on), with the registry's fixed fields (``task``)."""
+    from gencli.steps import STEPS
+
+    entry = STEPS[step]
+    named = dict(values)
+    for alias, fields in entry.aliases.items():
+        if named.pop(alias, False):
+            named.update(dict.fromkeys(fields, True))
+    cls = entry.config_class()
+    by_path = {f.path: named[f.name] for f in step_fields(cls, step, entry.renames) if f.name in named}
+    return build(cls, {**by_path, **{(k,): v for k, v in entry.fixed.items()}})
+
+
 def command_line(step: str, cfg: Any, workdir: str | None = None) -> list[str]:
     """The ``gencli STEP ...`` command that runs this config by hand: every option that differs from its default."""
     from gencli.steps import STEPS

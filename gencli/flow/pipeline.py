@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gencli.errors import EXIT_FAILED, EXIT_NOT_PROMOTED
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED
 from gencli.flow.plan import Plan
 
 SERVING_STEPS = ("recommend",)
@@ -78,7 +78,7 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
         except BaseException as error:  # noqa: BLE001 - the report says which step failed, and why
             if isinstance(error, SystemExit):
                 raise
-            code = getattr(error, "exit_code", EXIT_FAILED) if not isinstance(error, KeyboardInterrupt) else 130
+            code = EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else getattr(error, "exit_code", EXIT_FAILED)
             entry.update({"seconds": round(time.time() - t0, 2), "status": f"failed (exit {code})",
                           "exit_code": code, "error": str(error)})
             report.steps.append(entry)

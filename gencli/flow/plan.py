@@ -95,28 +95,25 @@ def step_tables(toml: dict[str, Any], path: Path, overrides: dict[str, Any], set
 
 def step_config(step: str, table: dict[str, Any], base: Path) -> tuple[Any, list[str]]:
     """(the step's config or None, problems) from its table; keys and values checked like options."""
-    from gencli.config.fields import build, step_fields
+    from gencli.config.fields import build_step, step_fields
     from gencli.steps import STEPS
 
     entry = STEPS[step]
-    cls = entry.config_class()
-    by_key: dict[str, tuple[Any, bool]] = {}
-    for f in step_fields(cls, step, entry.renames):
+    by_key: dict[str, tuple[Any, bool]] = {}  # TOML key -> (option, whether the key is its on name)
+    for f in step_fields(entry.config_class(), step, entry.renames):
         on, off = f.names
         for key in {on, on.replace("-", "_"), f.name}:
             by_key[key] = (f, True)
         if off:
             by_key[off] = by_key[off.replace("-", "_")] = (f, False)
-    values: dict[tuple[str, ...], Any] = {(k,): v for k, v in entry.fixed.items()}
+    named: dict[str, Any] = {}
     problems = []
     for key, value in table.items():
         if key in entry.aliases:
-            if not isinstance(value, bool):
+            if isinstance(value, bool):
+                named[key] = value
+            else:
                 problems.append(f"[{step}] --{key} must be true or false (got {value!r})")
-                continue
-            if value:  # stamp = true: its fields on; false leaves them as the table sets them
-                for name in entry.aliases[key]:
-                    values[next(f.path for f, _ in by_key.values() if f.name == name)] = True
             continue
         if key not in by_key:
             options = sorted({f.names[0] for f, _ in by_key.values()} | set(entry.aliases))
@@ -127,11 +124,11 @@ def step_config(step: str, table: dict[str, Any], base: Path) -> tuple[Any, list
         if problem:
             problems.append(f"[{step}] --{key}: {problem}")
         else:
-            values[f.path] = converted if on or not isinstance(converted, bool) else not converted
+            named[f.name] = converted if on or not isinstance(converted, bool) else not converted
     if problems:
         return None, problems
     try:
-        cfg = build(cls, values)
+        cfg = build_step(step, named)
     except GencliError as e:
         return None, [f"[{step}] {p}" for p in getattr(e, "problems", [str(e)])]
     return cfg, [f"[{step}] {p}" for p in (cfg.required() if hasattr(cfg, "required") else [])]

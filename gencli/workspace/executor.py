@@ -104,7 +104,7 @@ def execute(step: Step, cfg: Any, workdir: Path, *, force: bool = False, resume:
             ws.release()
             dist.stop()
             return Outcome(step.name, "up-to-date", str(ws.step_dir(step.name)), ws.step_record(step.name)["metrics"])
-        inputs = resolve(ws, step, cfg, upstream, model, models, external.values, run.resume)
+        inputs = resolve(ws, step, cfg, upstream, model, models, external.load(), run.resume)
         apply_threads()
         metrics = step.run_function()(cfg, inputs, run.out_dir, progress or SILENT)
         record = ws.commit(run, metrics, argv=command or command_line(step.name, cfg, str(workdir)))
@@ -156,7 +156,7 @@ def _follow(step: Step, cfg: Any, workdir: Path, external) -> Outcome:
     try:
         ws = Workspace(workdir)
         upstream, model, models = declared(ws, step, cfg)  # the same choice of model step as rank 0
-        inputs = resolve(ws, step, cfg, upstream, model, models, external.values, plan["resume"])
+        inputs = resolve(ws, step, cfg, upstream, model, models, external.load(), plan["resume"])
         apply_threads()
         step.run_function()(cfg, inputs, scratch, SILENT)
     finally:

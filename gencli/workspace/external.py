@@ -2,13 +2,14 @@
 
 Each function takes the step's config and returns an :class:`External`: the files hashed into the step's
 fingerprint (so a changed catalog or previous run makes it stale), extra params recorded beside the config's, and
-the resolved values the step's ``run`` finds in ``inputs.external``. A previous run's workdir is read here, in the
-workspace layer, so the core never opens a manifest.
+how to load what the step's ``run`` finds in ``inputs.external`` (called only when the step runs, not when it is
+up to date). A previous run's workdir is read here, in the workspace layer, so the core never opens a manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,16 @@ class External:
     """Input key (as ``step.json`` records it) -> file or folder, hashed."""
     params: dict[str, Any] = field(default_factory=dict)
     """Recorded beside the config's params (init-vocab: the backbone's file sizes and times)."""
-    values: dict[str, Any] = field(default_factory=dict)
-    """Handed to the step's ``run`` as ``inputs.external``."""
+    load: Callable[[], dict[str, Any]] = dict
+    """What the step's ``run`` gets as ``inputs.external``, loaded once the step is known to run."""
 
 
 def ingest(cfg) -> External:
     from gencli.errors import ConfigError
 
-    if cfg.required():
-        raise ConfigError("ingest", cfg.required())
+    missing = cfg.required()
+    if missing:
+        raise ConfigError("ingest", missing)
     files = {"items": Path(cfg.items)} | ({"interactions": Path(cfg.interactions)} if cfg.interactions else {})
     return External(files=files)
 
@@ -53,11 +55,13 @@ def embed(cfg) -> External:
         raise InputError(f"--reuse-from {cfg.reuse_from}: its embed step did not embed its current "
                          f"ingest/items.parquet; rerun `gencli embed --workdir {cfg.reuse_from}` there, or drop "
                          "--reuse-from")
-    items = tables.load_items(prev.output("ingest", "embed"))
-    texts = tables.item_text(items, record["params"]["template"])
-    params = {**record["params"], "model_dim": record["metrics"].get("model_dim", 0)}
-    vectors = PreviousVectors(texts, core.load_embeddings(folder, mmap=True), params, prev.root)
-    return External(files={"reuse-from": folder / "embeddings.npy"}, values={"previous": vectors})
+
+    def load() -> dict[str, Any]:
+        texts = tables.item_text(tables.load_items(prev.output("ingest", "embed")), record["params"]["template"])
+        params = {**record["params"], "model_dim": record["metrics"].get("model_dim", 0)}
+        return {"previous": PreviousVectors(texts, core.load_embeddings(folder, mmap=True), params, prev.root)}
+
+    return External(files={"reuse-from": folder / "embeddings.npy"}, load=load)
 
 
 def quantize(cfg) -> External:
@@ -73,13 +77,17 @@ def quantize(cfg) -> External:
     files = {"codebooks-from": folder / "codebooks.npz"}
     if not files["codebooks-from"].exists():
         raise InputError(f"--codebooks-from file does not exist: {files['codebooks-from']}; check the path")
-    previous = store.load_codebooks(folder)
     record = folder / STEP_JSON  # a bare quantize folder has none: text-only, unless the dims disagree (exit 2)
     recorded = read_json(record, "step record").get("params", {}) if record.is_file() else {}
     weight = float(recorded.get("collab", 0) or 0)
     collab_dim = int(recorded.get("collab_dim", 0)) if weight > 0 else 0
-    previous = dataclasses.replace(previous, collab_dim=collab_dim, collab_weight=weight if collab_dim else 0.0)
-    return External(files=files, values={"previous": previous})
+
+    def load() -> dict[str, Any]:
+        previous = dataclasses.replace(store.load_codebooks(folder), collab_dim=collab_dim,
+                                       collab_weight=weight if collab_dim else 0.0)
+        return {"previous": previous}
+
+    return External(files=files, load=load)
 
 
 def init_vocab(cfg) -> External:
@@ -94,7 +102,7 @@ def init_vocab(cfg) -> External:
     model_dir, vocab_path = model_files(prev.output(step, "init-vocab --warm-start"), step)
     warm = {"model": model_dir, "vocab": vocab_path, "step": prev.step_dir(step),
             "quantize": prev.output("quantize", "init-vocab --warm-start")}
-    return External(files={"warm-start": model_dir}, values={"warm": warm})
+    return External(files={"warm-start": model_dir}, load=lambda: {"warm": warm})
 
 
 def previous_workspace(path: str | Path, option: str):
