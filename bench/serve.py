@@ -4,9 +4,16 @@ For 1, 4 and 16 concurrent clients (keep-alive HTTP/1.1 connections, one thread 
 ``POST /v1/recommend`` requests (stopping earlier at a time limit) to a ``gencli serve`` subprocess and reports
 p50/p95/p99 latency and requests/s; the plain loop calls ``Recommender.recommend`` in this process on the same
 histories. The loop and the levels run in --rounds interleaved rounds (3) and each mode's best round is shown, so
-a shared machine's shifting load disturbs the ratios less. Then it checks that the server's lists equal ``Recommender.recommend``'s for the same histories, and it swaps the bundle under load: while
-16 clients send requests, ``--bundle`` (a symbolic link) is pointed at a copy of the bundle and the server gets
-SIGHUP; every request must succeed and the answers after the swap must name the new bundle.
+a shared machine's shifting load disturbs the ratios less.
+
+A closed-loop client sends its next request only after its answer, so 16 of them keep 16 requests in the server
+whatever it does (Little's law: their mean latency is 16 / the req/s, and p95 is above the mean). The open-loop
+part (--open-loop, multiples of the loop's median req/s) sends seeded Poisson arrivals at a fixed rate instead, to
+the batched server and to one started with ``--max-batch 1`` (one-at-a-time serving), with latency counted from
+each request's scheduled arrival. Then it checks that the server's lists equal ``Recommender.recommend``'s for the
+same histories, and it swaps the bundle under load: while 16 clients send requests, ``--bundle`` (a symbolic
+link) is pointed at a copy of the bundle and the server gets SIGHUP; every request must succeed and the answers
+after the swap must name the new bundle.
 
     python bench/serve.py                        # builds the sample bundle under bench/.cache/serve (~2 min)
     python bench/serve.py --bundle shop-model    # any bundle; histories are drawn from its source workdir
@@ -88,9 +95,11 @@ def direct_loop(rec, histories: list[list[str]], k: int, limit_s: float) -> dict
     return summary(times, time.perf_counter() - started, 0)
 
 
-def start_server(bundle: Path, args) -> tuple[subprocess.Popen, int]:
+def start_server(bundle: Path, args, max_batch: int = 0) -> tuple[subprocess.Popen, int]:
+    """A ``gencli serve`` subprocess on an ephemeral loopback port; ``max_batch`` 1 is the unbatched baseline."""
     cmd = [sys.executable, "-m", "gencli", "--threads", str(args.threads), "serve", "--bundle", str(bundle),
-           "--port", "0", "--watch", "0", "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
+           "--port", "0", "--watch", "0", "--max-batch", str(max_batch or args.max_batch),
+           "--max-wait-ms", str(args.max_wait_ms),
            "--decode-batch", str(args.decode_batch), "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
@@ -158,6 +167,78 @@ def load(port: int, histories: list[list[str]], clients: int, k: int, limit_s: f
     return summary(times, time.perf_counter() - started, failures[0]), answers
 
 
+def open_loop(port: int, histories: list[list[str]], rate: float, k: int, limit_s: float, seed: int,
+              senders: int = 64) -> dict:
+    """Requests at a fixed mean rate (Poisson arrivals, seeded), whatever the answers' pace.
+
+    A closed-loop client waits for its answer before it sends again, so with 16 of them a request waits for
+    about 16 others whatever the server does; here arrivals do not slow down when the server does. Latency is
+    counted from each request's scheduled arrival, so one sent late because all ``senders`` were busy still
+    counts its wait (no coordinated omission). Bounded by the request count and ``limit_s``.
+    """
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(histories))
+    arrivals = np.cumsum(gaps) - gaps[0]
+    times: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+    nxt = [0]
+    started = time.perf_counter()
+    t_end = started + limit_s
+
+    def sender() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(histories):
+                break
+            due = started + arrivals[i]
+            if due > t_end:
+                break
+            time.sleep(max(0.0, due - time.perf_counter()))
+            try:
+                status, _ = post(conn, {"history": histories[i], "k": k})
+            except (OSError, http.client.HTTPException, ValueError):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            elapsed = time.perf_counter() - due
+            with lock:
+                if status == 200:
+                    times.append(elapsed)
+                else:
+                    failures[0] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=sender) for _ in range(senders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {**summary(times, time.perf_counter() - started, failures[0]), "offered_rps": round(rate, 1)}
+
+
+def open_loop_levels(link: Path, port: int, histories, args, loop_rps: float) -> dict:
+    """Each ``--open-loop`` multiple of the loop's req/s offered to the batched server, then to an unbatched one
+    (``--max-batch 1``: what one-at-a-time serving gives at the same arrivals)."""
+    mults = [x.strip() for x in args.open_loop.split(",") if x.strip()]
+    histories = [histories[i % len(histories)] for i in range(args.open_requests)]
+    out: dict = {"batched": {}, "unbatched": {}}
+    for mult in mults:
+        out["batched"][mult] = open_loop(port, histories, float(mult) * loop_rps, args.k, args.time_limit, args.seed)
+    proc, other = start_server(link, args, max_batch=1)
+    try:
+        load(other, histories[:20], 1, args.k, 30)  # warm-up
+        for mult in mults:
+            out["unbatched"][mult] = open_loop(other, histories, float(mult) * loop_rps, args.k, args.time_limit,
+                                               args.seed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    return out
+
+
 def same_answers(rec, port: int, histories: list[list[str]], k: int) -> dict:
     """Lists equal to Recommender.recommend's for the same histories, sent 16 at a time (so they are batched)."""
     _, answers = load(port, histories, 16, k, 300)
@@ -206,6 +287,9 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--open-loop", default="1.5,2",
+                        help="Open-loop arrival rates as multiples of the loop's req/s ('' to skip).")
+    parser.add_argument("--open-requests", type=int, default=900, help="Requests per open-loop rate.")
     parser.add_argument("--out", type=Path, default=CACHE / "serve-results.json")
     args = parser.parse_args()
     if args.bundle is not None and not (args.bundle / "gencli.json").is_file():
@@ -243,6 +327,10 @@ def main() -> None:
             for clients in levels:
                 one["serve"][str(clients)], _ = load(port, histories, clients, args.k, args.time_limit)
             rounds.append(one)
+        loop_rps = float(np.median([r["direct"]["rps"] for r in rounds]))
+        if args.open_loop and rounds:
+            result["open_loop"] = {"loop_rps": round(loop_rps, 1),
+                                   **open_loop_levels(link, port, histories, args, loop_rps)}
         result["identity"] = same_answers(rec, port, histories[: min(200, len(histories))], args.k)
         result["swap"] = swap_under_load(proc, port, link, other, histories, args.k, args.time_limit)
     finally:
@@ -274,6 +362,20 @@ def report(result: dict, levels: list[int]) -> None:
     for name, d in rows:
         print(f"| {name:<26} | {d['requests']:>8} | {d['rps']:>7.1f} | {d['rps'] / direct['rps']:>6.2f}x | "
               f"{d['p50_ms']:>7.1f} | {d['p95_ms']:>7.1f} | {d['p99_ms']:>7.1f} | {d['failures']:>6} |")
+    opened = result.get("open_loop")
+    if opened:
+        one_p95 = result["serve"].get("1", direct)["p95_ms"]
+        print(f"\nopen loop: Poisson arrivals at a multiple of the loop's median {opened['loop_rps']} req/s, latency "
+              f"from each request's scheduled arrival; p95 / 1-client p95 ({one_p95} ms)")
+        print(f"| {'mode':<26} | {'offered':>7} | {'req/s':>7} | {'p50 ms':>7} | {'p95 ms':>7} | {'p99 ms':>7} | "
+              f"{'p95 / 1':>7} | {'failed':>6} |")
+        print(f"|{'-' * 28}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 8}|")
+        for mode in ("batched", "unbatched"):
+            for mult, d in opened[mode].items():
+                name = f"{mode}, {mult}x loop rate"
+                print(f"| {name:<26} | {d['offered_rps']:>7.1f} | {d['rps']:>7.1f} | {d['p50_ms']:>7.1f} | "
+                      f"{d['p95_ms']:>7.1f} | {d['p99_ms']:>7.1f} | {d['p95_ms'] / one_p95:>6.2f}x | "
+                      f"{d['failures']:>6} |")
     ident, swap = result["identity"], result["swap"]
     print(f"\nsame items as Recommender.recommend: {ident['same_items']}/{ident['histories']}; scores within 1e-5: "
           f"{ident['scores_within_1e-5']}/{ident['histories']} (max relative difference "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -72,8 +73,9 @@ def serve_config(**changes):
 @contextlib.contextmanager
 def running(bundle: Path, **changes):
     """A real server on 127.0.0.1 (ephemeral port) in a thread; yields the Service, stops it (drained) after."""
-    from gencli.core.serve.server import Service
+    from gencli.core.serve.server import SWITCH_INTERVAL_S, Service
 
+    switch = sys.getswitchinterval()
     service = Service(serve_config(**changes), bundle)
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(service.serve()), daemon=True)
@@ -82,12 +84,14 @@ def running(bundle: Path, **changes):
     while not service.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.01)
+    assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # while it serves
     try:
         yield service
     finally:
         service.stop()
         thread.join(60)
         assert not thread.is_alive() and codes == [0]
+        assert sys.getswitchinterval() == switch  # restored
 
 
 def link(path: Path, target: Path) -> None:

@@ -13,7 +13,8 @@ search keeps ``beams`` candidates and cuts each list; a shorter list is a prefix
 beams), so a group is decoded once with its largest ``k`` and each answer is cut to its own. Inside ``rank``
 the group's histories are sorted by length and decoded ``Recommender.batch_size`` at a time (``--decode-batch``).
 A list whose neighbouring scores nearly tie (:data:`TIE_RTOL`) is decoded again alone, so every list is the one
-``Recommender.recommend`` gives for that history.
+``Recommender.recommend`` gives for that history; the batch's other lists are answered before that, so their
+clients' next requests arrive while it decodes.
 
 The queue is bounded in histories admitted and not yet answered (``capacity``): past it :meth:`Batcher.submit`
 raises :class:`Overloaded` and the request gets 503 with Retry-After rather than a growing wait.
@@ -168,20 +169,32 @@ class Batcher:
             started = time.perf_counter()
             try:
                 ranked = rec.rank([job.history for job in group], k=k, beams=beams, exclude_seen=exclude_seen)
-                rows = list(zip(ranked.items, ranked.scores, strict=True))
-                if len(group) > 1:
-                    for i, job in enumerate(group):
-                        if near_tie(rows[i][1][: job.k + 1], TIE_RTOL):
-                            alone = rec.rank([job.history], k=job.k, beams=beams, exclude_seen=exclude_seen)
-                            rows[i] = (alone.items[0], alone.scores[0])
-                            self.metrics.alone.inc()
             except Exception as exc:  # noqa: BLE001 - the requests get the error, the thread goes on
                 log.error("decoding a batch of %d failed: %s", len(group), exc)
                 self._settle(group, error=exc)
                 continue
             self.metrics.decode.observe(time.perf_counter() - started)
             self.metrics.batch.observe(len(group))
-            self._settle(group, rows=rows)
+            rows = list(zip(ranked.items, ranked.scores, strict=True))
+            tied = [i for i, job in enumerate(group) if len(group) > 1 and near_tie(rows[i][1][: job.k + 1], TIE_RTOL)]
+            # the untied lists are answered first: their clients' next requests arrive while the tied ones decode
+            self._settle([job for i, job in enumerate(group) if i not in tied],
+                         rows=[row for i, row in enumerate(rows) if i not in tied])
+            for i in tied:
+                self._alone(group[i], beams, exclude_seen)
+
+    def _alone(self, job: Job, beams: int, exclude_seen: bool) -> None:
+        """Decode one history by itself: the list Recommender.recommend gives, bit for bit."""
+        started = time.perf_counter()
+        try:
+            ranked = job.served.rec.rank([job.history], k=job.k, beams=beams, exclude_seen=exclude_seen)
+        except Exception as exc:  # noqa: BLE001 - the request gets the error, the thread goes on
+            log.error("decoding a history alone failed: %s", exc)
+            self._settle([job], error=exc)
+            return
+        self.metrics.decode.observe(time.perf_counter() - started)
+        self.metrics.alone.inc()
+        self._settle([job], rows=[(ranked.items[0], ranked.scores[0])])
 
     def _settle(self, jobs: list[Job], rows: list | None = None, error: Exception | None = None) -> None:
         """Release the jobs' places in the queue, then answer them (so a client that sees its answer also sees
