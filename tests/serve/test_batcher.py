@@ -3,10 +3,21 @@ models, including the lists with near-ties that it decodes again alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from gencli.core.serve.batcher import TIE_RTOL, Batcher, Job, near_tie
+from gencli.core.serve.batcher import (
+    TIE_MARGIN,
+    TIE_RTOL,
+    TIE_RTOL_MAX,
+    TIE_RTOL_MIN,
+    Batcher,
+    Job,
+    near_tie,
+    tie_tolerance,
+)
 from gencli.core.serve.metrics import ServeMetrics
 from gencli.core.serve.swap import load_served
 
@@ -19,9 +30,13 @@ def test_near_tie():
     assert not near_tie(np.array([-3.0, -np.inf, -np.inf], np.float32), 1e-5)  # padding is no tie
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["measured-tolerance", "widest-tolerance"])
 @pytest.mark.parametrize("name", ["a", "b"])
-def test_batches_equal_recommend_list_for_list(bundles, recommenders, name):
+def test_batches_equal_recommend_list_for_list(bundles, recommenders, name, wide):
     served = load_served(bundles[name], device="cpu", decode_batch=8)
+    assert TIE_RTOL_MIN <= served.tie_rtol <= TIE_RTOL_MAX
+    if wide:  # nearly every list counts as tied: the alone path answers most of them
+        served = replace(served, tie_rtol=TIE_RTOL_MAX)
     rec = recommenders[name]
     metrics = ServeMetrics()
     batcher = Batcher(metrics, max_batch=16)
@@ -42,4 +57,13 @@ def test_batches_equal_recommend_list_for_list(bundles, recommenders, name):
         np.testing.assert_allclose(scores[: len(want)], [r.score for r in want], rtol=TIE_RTOL)
         same_bits += scores[: len(want)].tolist() == [r.score for r in want]
     assert metrics.batch.count() == 24  # 6 windows x 2 beam widths (k <= 20 share 20 beams) x exclude_seen or not
-    assert metrics.alone.get() > 0 and same_bits >= metrics.alone.get()  # redecoded alone: exact, bit for bit
+    assert same_bits >= metrics.alone.get()  # redecoded alone: exact, bit for bit
+    assert metrics.alone.get() > (48 if wide else -1)
+
+
+def test_tie_tolerance_is_measured_on_the_model(recommenders):
+    rec = recommenders["a"]
+    tol, seen = tie_tolerance(rec)
+    assert (tol, seen) == tie_tolerance(rec)  # seeded probes: the same every load
+    assert 0 <= seen < 1e-5  # float32 on a CPU: last bits only
+    assert tol == max(TIE_RTOL_MIN, min(TIE_RTOL_MAX, TIE_MARGIN * seen))

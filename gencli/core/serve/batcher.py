@@ -12,7 +12,7 @@ A batch is split into groups that one :meth:`Recommender.rank` call can answer: 
 search keeps ``beams`` candidates and cuts each list; a shorter list is a prefix of a longer one with the same
 beams), so a group is decoded once with its largest ``k`` and each answer is cut to its own. Inside ``rank``
 the group's histories are sorted by length and decoded ``Recommender.batch_size`` at a time (``--decode-batch``).
-A list whose neighbouring scores nearly tie (:data:`TIE_RTOL`) is decoded again alone, so every list is the one
+A list whose neighbouring scores nearly tie (closer than the bundle's :func:`tie_tolerance`) is decoded again alone, so every list is the one
 ``Recommender.recommend`` gives for that history; the batch's other lists are answered before that, so their
 clients' next requests arrive while it decodes.
 
@@ -37,10 +37,41 @@ from gencli.core.serve.metrics import ServeMetrics
 
 log = logging.getLogger("gencli.serve")
 # Decoded beside other histories (left-padded, rows of one matrix product), a score can differ from the same
-# history's direct decode in its last float bits (about 1e-7 relative). That reorders two items only where their
-# scores tie to those bits, so a list whose neighbours are closer than this is decoded again alone: its order is
-# then exactly Recommender.recommend's.
+# history's direct decode in its last float bits. That reorders two items only where their scores tie to those
+# bits, so a list whose neighbours are closer than the bundle's tie tolerance is decoded again alone: its order is
+# then exactly Recommender.recommend's. The tolerance is measured per bundle when it loads (:func:`tie_tolerance`):
+# TIE_MARGIN times the largest difference seen, within [TIE_RTOL_MIN, TIE_RTOL_MAX].
 TIE_RTOL = 1e-5
+"""The tolerance of a :class:`Served` built without measuring one."""
+TIE_MARGIN = 16.0
+TIE_RTOL_MIN, TIE_RTOL_MAX = 1e-6, 1e-2
+TIE_PROBES = 32
+
+
+def tie_tolerance(rec: Any, probes: int = TIE_PROBES, seed: int = 0) -> tuple[float, float]:
+    """(tolerance, largest relative score difference seen) between ``probes`` seeded random histories decoded
+    alone and the same decoded together in ``rec``'s passes.
+
+    The difference comes from the kernels and the dtype (about 5e-7 for float32 on a CPU, far more for bf16 on a
+    GPU), so it is measured on the loaded model rather than assumed; it costs ``probes`` single decodes at load.
+    """
+    from gencli.core.infer.recommend import DEFAULT_K
+
+    n = len(rec)
+    rng = np.random.default_rng(seed)
+    top = max(1, min(rec.max_history or 50, 50))
+    histories = [rng.integers(0, n, int(rng.integers(1, top + 1))).tolist() for _ in range(probes)]
+    k = min(DEFAULT_K + 1, n)
+    beams = beams_for(rec, DEFAULT_K)
+    together = rec.rank(histories, k=k, beams=beams).scores
+    worst = 0.0
+    for history, batched in zip(histories, together, strict=True):
+        alone = rec.rank([history], k=k, beams=beams).scores[0]
+        both = np.isfinite(alone) & np.isfinite(batched)
+        if both.any():
+            diff = np.abs(alone[both] - batched[both]) / np.abs(alone[both]).clip(min=1e-30)
+            worst = max(worst, float(diff.max()))
+    return float(np.clip(TIE_MARGIN * worst, TIE_RTOL_MIN, TIE_RTOL_MAX)), worst
 
 
 class Overloaded(Exception):
@@ -176,7 +207,7 @@ class Batcher:
             self.metrics.decode.observe(time.perf_counter() - started)
             self.metrics.batch.observe(len(group))
             rows = list(zip(ranked.items, ranked.scores, strict=True))
-            tied = [i for i, job in enumerate(group) if len(group) > 1 and near_tie(rows[i][1][: job.k + 1], TIE_RTOL)]
+            tied = [i for i, job in enumerate(group) if len(group) > 1 and near_tie(rows[i][1][: job.k + 1], job.served.tie_rtol)]
             # the untied lists are answered first: their clients' next requests arrive while the tied ones decode
             self._settle([job for i, job in enumerate(group) if i not in tied],
                          rows=[row for i, row in enumerate(rows) if i not in tied])

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gencli.core.serve.batcher import TIE_MARGIN, TIE_PROBES, TIE_RTOL, TIE_RTOL_MAX, tie_tolerance
 from gencli.core.serve.metrics import ServeMetrics
 
 log = logging.getLogger("gencli.serve")
@@ -40,6 +41,8 @@ class Served:
     """The resolved bundle folder it was loaded from."""
     model_id: str
     created: str
+    tie_rtol: float = TIE_RTOL
+    """Neighbouring scores closer than this (relative) are a near-tie: such a batched list is decoded again alone."""
     loaded_at: float = field(default_factory=time.time)
 
     def describe(self) -> dict[str, Any]:
@@ -91,8 +94,15 @@ def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_ba
     if decode_batch:
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
     rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
+    tie_rtol, seen = tie_tolerance(rec)
+    log.info("%s: batched scores within %.1e of direct ones on %d probes; tie tolerance %.1e", folder, seen,
+             TIE_PROBES, tie_rtol)
+    if seen * TIE_MARGIN > TIE_RTOL_MAX:
+        log.warning("%s: batched decoding rounds this model's scores %.1e apart from direct calls; near-tied items "
+                    "of a batched list may be ordered differently from Recommender.recommend (serve it in float32 "
+                    "or with --max-batch 1 where that matters)", folder, seen)
     meta = rec.metadata
-    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")))
+    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol)
 
 
 class Holder:
