@@ -67,3 +67,20 @@ def test_tie_tolerance_is_measured_on_the_model(recommenders):
     assert (tol, seen) == tie_tolerance(rec)  # seeded probes: the same every load
     assert 0 <= seen < 1e-5  # float32 on a CPU: last bits only
     assert tol == max(TIE_RTOL_MIN, min(TIE_RTOL_MAX, TIE_MARGIN * seen))
+
+
+def test_a_coarser_dtype_gets_a_larger_tolerance_and_a_warning_past_the_widest(bundles, caplog):
+    from gencli.core.serve.swap import log_ties
+
+    fp32 = load_served(bundles["a"], device="cpu")
+    bf16 = load_served(bundles["a"], device="cpu", dtype="bfloat16")
+    assert bf16.tie_seen > 100 * fp32.tie_seen and bf16.tie_rtol > 100 * fp32.tie_rtol  # 1.7e-4 against 8.8e-8
+    too_coarse = replace(bf16, tie_seen=TIE_RTOL_MAX)  # rounding the widest tolerance cannot cover
+    with caplog.at_level("INFO", logger="gencli.serve"):
+        log_ties(fp32)
+        log_ties(bf16)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        log_ties(too_coarse)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "ordered differently from Recommender.recommend" in warned[0]
+    assert f"tie tolerance {fp32.tie_rtol:.1e}" in caplog.text

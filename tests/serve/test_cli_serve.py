@@ -78,3 +78,4 @@ def test_the_command_serves_reloads_on_sighup_and_exits_0_on_sigterm(bundles, tm
             proc.wait()
     log = proc.stderr.read()
     assert "reloaded (SIGHUP)" in log and "stopped after draining" in log and "Traceback" not in log
+    assert log.count("tie tolerance") == 2  # the first bundle's and the reloaded one's

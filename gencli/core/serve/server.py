@@ -27,7 +27,7 @@ from gencli.core.serve.app import State, build_app
 from gencli.core.serve.batcher import Batcher
 from gencli.core.serve.metrics import ServeMetrics
 from gencli.core.serve.schema import Limits
-from gencli.core.serve.swap import Holder, load_served
+from gencli.core.serve.swap import Holder, load_served, log_ties
 from gencli.errors import EXIT_INTERRUPTED, EXIT_OK, InputError
 
 log = logging.getLogger("gencli.serve")
@@ -125,6 +125,7 @@ class Service:
         self.metrics.ready.set(1)
         served = self.holder.current
         log.info("serving %s (model %s, %d items) on %s", served.path, served.model_id, len(served.rec), self.url)
+        log_ties(served)
         try:
             self.server.run(sockets=[self.socket])
         finally:

@@ -43,6 +43,8 @@ class Served:
     created: str
     tie_rtol: float = TIE_RTOL
     """Neighbouring scores closer than this (relative) are a near-tie: such a batched list is decoded again alone."""
+    tie_seen: float = 0.0
+    """The largest relative difference between batched and direct scores measured at load."""
     loaded_at: float = field(default_factory=time.time)
 
     def describe(self) -> dict[str, Any]:
@@ -95,14 +97,18 @@ def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_ba
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
     rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
     tie_rtol, seen = tie_tolerance(rec)
-    log.info("%s: batched scores within %.1e of direct ones on %d probes; tie tolerance %.1e", folder, seen,
-             TIE_PROBES, tie_rtol)
-    if seen * TIE_MARGIN > TIE_RTOL_MAX:
+    meta = rec.metadata
+    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol, seen)
+
+
+def log_ties(served: Served) -> None:
+    """The bundle's measured tie tolerance; a warning when the model rounds too coarsely for it to hold."""
+    log.info("%s: batched scores within %.1e of direct ones on %d probes; tie tolerance %.1e", served.path,
+             served.tie_seen, TIE_PROBES, served.tie_rtol)
+    if served.tie_seen * TIE_MARGIN > TIE_RTOL_MAX:
         log.warning("%s: batched decoding rounds this model's scores %.1e apart from direct calls; near-tied items "
                     "of a batched list may be ordered differently from Recommender.recommend (serve it in float32 "
-                    "or with --max-batch 1 where that matters)", folder, seen)
-    meta = rec.metadata
-    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol)
+                    "or with --max-batch 1 where that matters)", served.path, served.tie_seen)
 
 
 class Holder:
@@ -172,6 +178,7 @@ class Holder:
         self._publish(new)
         log.info("reloaded (%s) in %.1f s: now serving %s (model %s), before %s (model %s)", reason or "asked",
                  time.perf_counter() - started, new.path, new.model_id, old.path, old.model_id)
+        log_ties(new)
         self.loads_done += 1
         return True
 
