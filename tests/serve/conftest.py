@@ -27,7 +27,8 @@ MAX_HISTORY = 6
 @pytest.fixture(scope="session")
 def bundles(tmp_path_factory) -> dict[str, Path]:
     """``a`` and ``b``: the same 40-item catalog with two differently seeded tiny Qwen3 models (their lists
-    differ); ``broken``: a copy of ``b`` with a truncated weights file (refused at load)."""
+    differ), ``a`` carrying the histories of :data:`USERS` users (users.parquet), ``b`` none; ``broken``: a copy of
+    ``b`` with a truncated weights file (refused at load)."""
     import torch
 
     from gencli.core.infer import bundle
@@ -48,7 +49,8 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
         meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {},
                 "decode": {"max_history": MAX_HISTORY, "k": 10, "beams": 20, "exclude_seen": True}}
         out[name] = root / name
-        bundle.write_bundle(out[name], root / f"model-{name}", root / artifacts.SID_VOCAB, ids, titles, codes, meta)
+        bundle.write_bundle(out[name], root / f"model-{name}", root / artifacts.SID_VOCAB, ids, titles, codes, meta,
+                            users=known_users() if name == "a" else None)
     out["broken"] = root / "broken"
     shutil.copytree(out["b"], out["broken"])
     weights = out["broken"] / "model" / "model.safetensors"
@@ -62,6 +64,20 @@ def recommenders(bundles):
     from gencli import Recommender
 
     return {name: Recommender.load(bundles[name], device="cpu") for name in ("a", "b")}
+
+
+USERS = 12
+
+
+def known_users() -> tuple[list[str], list[list[int]]]:
+    """Bundle ``a``'s users: ``u000`` .. ``u011``, seeded histories of item rows (``u000``'s is empty)."""
+    rng = np.random.default_rng(5)
+    return [f"u{u:03d}" for u in range(USERS)], [rng.integers(0, N_ITEMS, 3 * u).tolist() for u in range(USERS)]
+
+
+@pytest.fixture
+def users():
+    return known_users()
 
 
 def serve_config(**changes):

@@ -94,6 +94,36 @@ def test_batch_endpoint_keeps_order_and_equals_recommend(bundles, recommenders, 
     assert body["bundle"]["path"] == str(bundles["a"].resolve())
 
 
+def test_known_users_are_answered_from_the_histories_the_bundle_carries(bundles, recommenders, users, serving):
+    rec = recommenders["a"]
+    by_id = dict(zip(*users, strict=True))
+    with serving(bundles["a"]) as service, httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
+        assert client.get("/readyz").json()["users"] == len(by_id)
+        one = client.post("/v1/recommend", json={"user_id": "u004", "k": 5}).json()
+        sent = client.post("/v1/recommend", json={"user_id": "u004", "history": [], "k": 5}).json()
+        batch = client.post("/v1/recommend/batch", json={"user_ids": ["u007", "u000", "u011"], "k": 4,
+                                                         "exclude_seen": False}).json()
+    assert one["user_id"] == "u004" and one["history_from"] == "bundle" and one["skipped"] == []
+    _same(rec.recommend([rec.item_ids[i] for i in by_id["u004"]], k=5), one["items"])
+    assert sent["history_from"] == "request"  # a history sent wins: user_id is then only a label
+    _same(rec.recommend([], k=5), sent["items"])
+    assert [r["user_id"] for r in batch["results"]] == ["u007", "u000", "u011"]
+    for result in batch["results"]:
+        assert result["history_from"] == "bundle"
+        _same(rec.recommend([rec.item_ids[i] for i in by_id[result["user_id"]]], k=4, exclude_seen=False),
+              result["items"])
+
+
+def test_a_bundle_without_users_says_so_for_a_user_id(bundles, serving):
+    with serving(bundles["b"]) as service, httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
+        assert client.get("/readyz").json()["users"] == 0
+        r = client.post("/v1/recommend", json={"user_id": "u001"})
+        batch = client.post("/v1/recommend/batch", json={"user_ids": ["u001"]})
+    assert (r.status_code, r.json()["error"]["field"]) == (422, "user_id")
+    assert "carries no user histories" in r.json()["error"]["message"]
+    assert (batch.status_code, batch.json()["error"]["field"]) == (422, "user_ids[0]")
+
+
 BAD = [  # (route, body as bytes or JSON, status, field)
     ("/v1/recommend", b'{"history": ["i001"', 400, "body"),
     ("/v1/recommend", b"\xff\xfe not text", 400, "body"),
@@ -121,6 +151,15 @@ BAD = [  # (route, body as bytes or JSON, status, field)
     ("/v1/recommend/batch", {"histories": [["i001"], ["i002", False]]}, 422, "histories[1][1]"),
     ("/v1/recommend/batch", {"histories": [["i001"], ["i002", "nope"]], "strict": True}, 422, "histories[1]"),
     ("/v1/recommend/batch", {"history": ["i001"]}, 422, "history"),
+    ("/v1/recommend", {"user_id": "nobody"}, 404, "user_id"),
+    ("/v1/recommend", {"user_id": ""}, 422, "user_id"),
+    ("/v1/recommend", {"user_id": True}, 422, "user_id"),
+    ("/v1/recommend/batch", {"user_ids": []}, 422, "user_ids"),
+    ("/v1/recommend/batch", {"user_ids": "u001"}, 422, "user_ids"),
+    ("/v1/recommend/batch", {"user_ids": ["u001", "nobody"]}, 404, "user_ids[1]"),
+    ("/v1/recommend/batch", {"user_ids": ["u001", 2.5]}, 422, "user_ids[1]"),
+    ("/v1/recommend/batch", {"user_ids": ["u001"], "histories": [[]]}, 422, "user_ids"),
+    ("/v1/recommend/batch", {"user_ids": ["u001"] * 5}, 422, "user_ids"),
 ]
 
 
@@ -139,7 +178,8 @@ def test_every_bad_input_is_a_4xx_json_error_naming_its_field(bundles, serving):
         ok = client.post("/v1/recommend", json={"history": ["i001"], "k": 30})  # the server still answers
         metrics = client.get("/metrics").text
     assert ok.status_code == 200 and len(ok.json()["items"]) == 30
-    assert _metric(metrics, 'gencli_serve_errors_total{endpoint="/v1/recommend",kind="bad_input"}') == 21
+    one_route = sum(route == "/v1/recommend" for route, *_ in BAD) + 1  # and the strict "nope"
+    assert _metric(metrics, 'gencli_serve_errors_total{endpoint="/v1/recommend",kind="bad_input"}') == one_route
 
 
 def test_a_full_queue_is_503_with_retry_after_and_the_admitted_request_is_answered(bundles, serving):

@@ -2,15 +2,16 @@
 
 | route | answer |
 | --- | --- |
-| ``POST /v1/recommend`` | one history's top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "k", "exclude_seen", "bundle"}`` |
-| ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped"}, ...], "k", "exclude_seen", "bundle"}``, in input order |
+| ``POST /v1/recommend`` | one history's (or known user's) top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "history_from", "k", "exclude_seen", "bundle"}`` |
+| ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped", "history_from"[, "user_id"]}, ...], "k", "exclude_seen", "bundle"}``, in input order |
 | ``GET /healthz`` | 200 while the process serves HTTP |
 | ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining |
 | ``GET /metrics`` | the Prometheus text format (:class:`ServeMetrics`) |
 
 ``bundle`` is ``{"path", "model_id", "created"}`` of the bundle that answered (also the ``X-Gencli-Model`` header);
 ``skipped`` lists the history ids the catalog does not hold, every occurrence in order (``strict``: a 422
-instead). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON, 413 a body over
+instead); ``history_from`` is ``request``, or ``bundle`` for a user asked by id (the history its users.parquet
+holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON, 413 a body over
 ``--max-body-bytes``, 422 a field of the wrong type or out of range or an unknown id under ``strict``, 404/405 for
 a wrong route or method, 503 with Retry-After when the queue is full or the server drains, 500 a model failure.
 """
@@ -63,7 +64,10 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
 
     async def decode(served: Served, query: Query, names: list[str]) -> list[dict[str, Any]]:
         rec = served.rec
-        resolved = [rec.resolve(h) for h in query.histories]
+        if query.known_users is not None:
+            resolved = [(stored(served, user, name), []) for user, name in zip(query.known_users, names, strict=True)]
+        else:
+            resolved = [rec.resolve(h) for h in query.histories]
         if query.strict:
             for name, (_, unknown) in zip(names, resolved, strict=True):
                 if unknown:
@@ -72,8 +76,24 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                                                 f"{served.model_id}: {shown} (strict)")
         futures = batcher.submit(served, [known for known, _ in resolved], query.k, query.exclude_seen)
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        return [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown}
-                for (items, scores), (_, unknown) in zip(rows, resolved, strict=True)]
+        source = "request" if query.known_users is None else "bundle"
+        out = [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown,
+                "history_from": source} for (items, scores), (_, unknown) in zip(rows, resolved, strict=True)]
+        if names[0].startswith("user_ids["):  # a batch of known users: each result says whose it is
+            for result, user in zip(out, query.known_users, strict=True):
+                result["user_id"] = user
+        return out
+
+    def stored(served: Served, user: str, name: str) -> list[int]:
+        """The history the bundle carries for ``user``, as item rows (404 for a user it does not know)."""
+        if served.users is None:
+            raise BadRequest(422, name, f"bundle {served.model_id} carries no user histories (exported with "
+                                        "--no-users, or by an earlier gencli): send the user's history instead")
+        history = served.users.history(user)
+        if history is None:
+            raise BadRequest(404, name, f"user {user!r} is not one of the {len(served.users)} users bundle "
+                                        f"{served.model_id} carries: send their history instead")
+        return history
 
     async def answer(request: Request, endpoint: str) -> Response:
         started = time.perf_counter()
@@ -85,12 +105,14 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
             body = parse_json(await read_body(request))
             if endpoint == RECOMMEND:
                 query = one_query(body, limits)
-                result = (await decode(served, query, ["history"]))[0]
+                name = "history" if query.known_users is None else "user_id"
+                result = (await decode(served, query, [name]))[0]
                 payload = {"user_id": query.user_id, **result}
             else:
                 query = batch_query(body, limits)
-                payload = {"results": await decode(served, query, [f"histories[{i}]" for i in
-                                                                    range(len(query.histories))])}
+                field, asked = ("histories", query.histories) if query.known_users is None \
+                    else ("user_ids", query.known_users)
+                payload = {"results": await decode(served, query, [f"{field}[{i}]" for i in range(len(asked))])}
             payload.update(k=query.k, exclude_seen=query.exclude_seen, bundle=served.describe())
             response: Response = JSONResponse(payload, headers={MODEL_HEADER: served.model_id})
         except BadRequest as exc:
@@ -129,8 +151,9 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
             count("/readyz", 503)
             return JSONResponse({"status": "draining"}, status_code=503)
         count("/readyz", 200)
-        return JSONResponse({"status": "ready", "bundle": holder.current.describe(), "queue": batcher.admitted,
-                             "capacity": batcher.capacity})
+        served = holder.current
+        return JSONResponse({"status": "ready", "bundle": served.describe(), "queue": batcher.admitted,
+                             "capacity": batcher.capacity, "users": len(served.users or ())})
 
     async def metrics_view(request: Request) -> Response:
         count("/metrics", 200)

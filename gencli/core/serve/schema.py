@@ -4,14 +4,18 @@
 
     {"history": ["i0001", "i0042"], "k": 10, "exclude_seen": true, "strict": false, "user_id": "u1"}
 
+    {"user_id": "u1", "k": 10}                   # a user of the bundle: the history it carries (users.parquet)
+
 ``POST /v1/recommend/batch``::
 
     {"histories": [["i0001"], ["i0007", "i0300"]], "k": 10, "exclude_seen": true, "strict": false}
+    {"user_ids": ["u1", "u2"], "k": 10}
 
-Only ``history`` / ``histories`` is required; the defaults are :meth:`Recommender.recommend`'s (k 10, seen items
-excluded, unknown ids skipped). Item ids are strings (integers are read as their decimal text, as ``gencli
-recommend --stdin`` reads them). ``user_id`` is echoed back and not used. Unknown fields are refused, so a typo
-(``exclude-seen``) is an error rather than a default silently applied.
+``history`` (or, for a known user, ``user_id`` alone) / ``histories`` or ``user_ids`` is required; the defaults
+are :meth:`Recommender.recommend`'s (k 10, seen items excluded, unknown ids skipped). Item and user ids are strings
+(integers are read as their decimal text, as ``gencli recommend --stdin`` reads them). With a ``history``,
+``user_id`` is only echoed back. Unknown fields are refused, so a typo (``exclude-seen``) is an error rather than a
+default silently applied.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 DEFAULT_K = 10  # Recommender.recommend's defaults: the answer to the same history is the same
 ONE_FIELDS = ("history", "k", "exclude_seen", "strict", "user_id")
-BATCH_FIELDS = ("histories", "k", "exclude_seen", "strict")
+BATCH_FIELDS = ("histories", "user_ids", "k", "exclude_seen", "strict")
 
 
 class BadRequest(Exception):
@@ -47,10 +51,13 @@ class Limits:
 @dataclass(frozen=True)
 class Query:
     histories: list[list[str]]
+    """The histories sent ([] when the bundle's stored ones are asked for)."""
     k: int
     exclude_seen: bool
     strict: bool
     user_id: Any = None
+    known_users: list[str] | None = None
+    """User ids whose stored histories are asked for, instead of ``histories``."""
 
 
 def parse_json(body: bytes) -> Any:
@@ -110,20 +117,41 @@ def _options(obj: dict[str, Any], limits: Limits) -> tuple[int, bool, bool]:
     return k, flags[0], flags[1]
 
 
+def _user_id(value: Any, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise BadRequest(422, name, f"{name} must be a user id (a non-empty string), got {json.dumps(value)}")
+    return str(value)
+
+
 def one_query(obj: Any, limits: Limits) -> Query:
     obj = _object(obj, ONE_FIELDS, '{"history": ["i1", "i2"], "k": 10}')
-    if "history" not in obj:
-        raise BadRequest(422, "history", "history is required: a list of item ids, oldest first ([] = none)")
-    history = _history(obj["history"], "history", limits)
     user_id = obj.get("user_id")
-    if user_id is not None and (isinstance(user_id, bool) or not isinstance(user_id, (str, int))):
-        raise BadRequest(422, "user_id", "user_id must be a string (it is echoed back, not used)")
+    if user_id is not None:
+        _user_id(user_id, "user_id")
     k, exclude_seen, strict = _options(obj, limits)
+    if "history" not in obj:
+        if user_id is None:
+            raise BadRequest(422, "history", "history is required: a list of item ids, oldest first ([] = none); "
+                                             "or user_id alone for a user the bundle carries")
+        return Query([], k, exclude_seen, strict, user_id, known_users=[str(user_id)])
+    history = _history(obj["history"], "history", limits)
     return Query([history], k, exclude_seen, strict, user_id)
 
 
 def batch_query(obj: Any, limits: Limits) -> Query:
     obj = _object(obj, BATCH_FIELDS, '{"histories": [["i1"], ["i2", "i3"]], "k": 10}')
+    if "user_ids" in obj:
+        if "histories" in obj:
+            raise BadRequest(422, "user_ids", "send histories or user_ids, not both")
+        users = obj["user_ids"]
+        if not isinstance(users, list) or not users:
+            raise BadRequest(422, "user_ids", "user_ids must be a non-empty list of user ids of the bundle")
+        if len(users) > limits.max_histories:
+            raise BadRequest(422, "user_ids", f"user_ids holds {len(users)} ids; at most {limits.max_histories} per "
+                                              "request (split it)")
+        known = [_user_id(u, f"user_ids[{i}]") for i, u in enumerate(users)]
+        k, exclude_seen, strict = _options(obj, limits)
+        return Query([], k, exclude_seen, strict, known_users=known)
     histories = obj.get("histories")
     if not isinstance(histories, list) or not histories:
         raise BadRequest(422, "histories", "histories is required: a non-empty list of histories (lists of ids)")

@@ -25,10 +25,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gencli.core.serve.batcher import TIE_MARGIN, TIE_PROBES, TIE_RTOL, TIE_RTOL_MAX, tie_tolerance
 from gencli.core.serve.metrics import ServeMetrics
 
 log = logging.getLogger("gencli.serve")
+
+
+class KnownUsers:
+    """The user histories a bundle carries (users.parquet), kept as one int32 array: user id -> item rows."""
+
+    def __init__(self, user_ids: list[str], histories: list[list[int]]):
+        self._row = {u: i for i, u in enumerate(user_ids)}
+        lengths = np.fromiter((len(h) for h in histories), np.int64, len(histories))
+        self._ends = np.cumsum(lengths)
+        self._flat = np.fromiter((i for h in histories for i in h), np.int32, int(lengths.sum()))
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def history(self, user_id: str) -> list[int] | None:
+        """The user's history as item rows, oldest first; None for a user the bundle does not know."""
+        row = self._row.get(user_id)
+        if row is None:
+            return None
+        start = int(self._ends[row - 1]) if row else 0
+        return self._flat[start:int(self._ends[row])].tolist()
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,8 @@ class Served:
     """Neighbouring scores closer than this (relative) are a near-tie: such a batched list is decoded again alone."""
     tie_seen: float = 0.0
     """The largest relative difference between batched and direct scores measured at load."""
+    users: KnownUsers | None = None
+    """The bundle's users and their histories; None when it carries none (``export --no-users``)."""
     loaded_at: float = field(default_factory=time.time)
 
     def describe(self) -> dict[str, Any]:
@@ -89,16 +114,19 @@ def signature(path: Path) -> tuple | None:
 
 def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_batch: int = 0) -> Served:
     """Load and check the bundle ``path`` names now, warmed up with one decode (InputError naming the problem)."""
+    from gencli.core.infer.bundle import read_users
     from gencli.core.infer.recommend import Recommender
 
     folder = resolve_bundle(path)
     rec = Recommender.load(folder, device=device, dtype=dtype)
+    carried = read_users(folder, len(rec))
+    users = KnownUsers(*carried) if carried is not None else None
     if decode_batch:
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
     rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
     tie_rtol, seen = tie_tolerance(rec)
     meta = rec.metadata
-    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol, seen)
+    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol, seen, users)
 
 
 def log_ties(served: Served) -> None:
