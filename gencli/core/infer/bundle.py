@@ -260,6 +260,15 @@ def read_items(path: Path) -> pl.DataFrame:
 def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | None:
     """users.parquet of a bundle (checked: columns, unique ids, item rows inside the catalog), or None when the
     bundle carries no users (``export --no-users``, or a bundle of an earlier gencli)."""
+    frame = read_users_frame(path, n_items)
+    if frame is None:
+        return None
+    return frame["user_id"].to_list(), [list(h or []) for h in frame["history"].to_list()]
+
+
+def read_users_frame(path: Path, n_items: int) -> pl.DataFrame | None:
+    """:func:`read_users` as a checked frame (``user_id`` str, ``history`` list of item rows), without Python lists
+    per user: what a server keeps for millions of users."""
     path = follow_pointer(path)
     file = Path(path) / USERS
     if not file.is_file():
@@ -276,7 +285,7 @@ def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | 
     rows = frame["history"].explode().drop_nulls()
     if len(rows) and not (0 <= int(rows.min()) and int(rows.max()) < n_items):
         raise _bad(path, f"{USERS}: a history names an item row outside the catalog of {n_items} items")
-    return frame["user_id"].cast(pl.String).to_list(), [list(h or []) for h in frame["history"].to_list()]
+    return frame.select(pl.col("user_id").cast(pl.String), pl.col("history"))
 
 
 @dataclass

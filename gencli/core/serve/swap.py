@@ -36,11 +36,14 @@ log = logging.getLogger("gencli.serve")
 class KnownUsers:
     """The user histories a bundle carries (users.parquet), kept as one int32 array: user id -> item rows."""
 
-    def __init__(self, user_ids: list[str], histories: list[list[int]]):
-        self._row = {u: i for i, u in enumerate(user_ids)}
-        lengths = np.fromiter((len(h) for h in histories), np.int64, len(histories))
+    def __init__(self, frame: Any):
+        """``frame``: :func:`gencli.core.infer.bundle.read_users_frame`'s (user_id, history)."""
+        import polars as pl
+
+        self._row = {u: i for i, u in enumerate(frame["user_id"].to_list())}
+        lengths = frame["history"].list.len().fill_null(0).to_numpy().astype(np.int64)
         self._ends = np.cumsum(lengths)
-        self._flat = np.fromiter((i for h in histories for i in h), np.int32, int(lengths.sum()))
+        self._flat = frame["history"].explode().drop_nulls().cast(pl.Int32).to_numpy()
 
     def __len__(self) -> int:
         return len(self._row)
@@ -114,13 +117,13 @@ def signature(path: Path) -> tuple | None:
 
 def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_batch: int = 0) -> Served:
     """Load and check the bundle ``path`` names now, warmed up with one decode (InputError naming the problem)."""
-    from gencli.core.infer.bundle import read_users
+    from gencli.core.infer.bundle import read_users_frame
     from gencli.core.infer.recommend import Recommender
 
     folder = resolve_bundle(path)
     rec = Recommender.load(folder, device=device, dtype=dtype)
-    carried = read_users(folder, len(rec))
-    users = KnownUsers(*carried) if carried is not None else None
+    carried = read_users_frame(folder, len(rec))
+    users = KnownUsers(carried) if carried is not None else None
     if decode_batch:
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
     rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
