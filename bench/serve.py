@@ -257,6 +257,27 @@ def same_answers(rec, port: int, histories: list[list[str]], k: int) -> dict:
 
 def swap_under_load(proc: subprocess.Popen, port: int, link: Path, other: Path, histories, k: int,
                     limit_s: float) -> dict:
+    """16 clients while the link moves and the server gets SIGHUP; ``swap_s``: SIGHUP until /readyz names the new
+    bundle (polled every 50 ms, also after the requests end, up to ``2 * limit_s``; None if it never did)."""
+    target = str(other.resolve())
+    swapped: dict = {}
+
+    def watch(hup: float) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        while time.perf_counter() < hup + 2 * limit_s:
+            try:
+                conn.request("GET", "/readyz")
+                body = json.loads(conn.getresponse().read())
+            except (OSError, http.client.HTTPException, ValueError):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                body = {}
+            if body.get("bundle", {}).get("path") == target:
+                swapped["s"] = round(time.perf_counter() - hup, 2)
+                break
+            time.sleep(0.05)
+        conn.close()
+
     def switch(answered) -> None:  # a third of the requests answered by the old bundle, then the link moves
         deadline = time.perf_counter() + limit_s / 3
         while answered() < len(histories) // 3 and time.perf_counter() < deadline:
@@ -266,11 +287,15 @@ def swap_under_load(proc: subprocess.Popen, port: int, link: Path, other: Path, 
         tmp.symlink_to(other.resolve(), target_is_directory=True)
         os.replace(tmp, link)
         proc.send_signal(signal.SIGHUP)
+        swapped["watcher"] = threading.Thread(target=watch, args=(time.perf_counter(),), daemon=True)
+        swapped["watcher"].start()
 
     result, answers = load(port, histories, 16, k, limit_s, during=switch)
+    if "watcher" in swapped:
+        swapped["watcher"].join(2 * limit_s + 15)
     paths = [a.get("body", {}).get("bundle", {}).get("path") for a in answers if a.get("status") == 200]
-    new = sum(p == str(other.resolve()) for p in paths)
-    return {**result, "answered_by_old": len(paths) - new, "answered_by_new": new}
+    new = sum(p == target for p in paths)
+    return {**result, "answered_by_old": len(paths) - new, "answered_by_new": new, "swap_s": swapped.get("s")}
 
 
 def main() -> None:
@@ -380,8 +405,9 @@ def report(result: dict, levels: list[int]) -> None:
     print(f"\nsame items as Recommender.recommend: {ident['same_items']}/{ident['histories']}; scores within 1e-5: "
           f"{ident['scores_within_1e-5']}/{ident['histories']} (max relative difference "
           f"{ident['max_relative_score_diff']})")
+    took = "never" if swap["swap_s"] is None else f"{swap['swap_s']} s after SIGHUP"
     print(f"swap under load: {swap['failures']} failed, {swap['answered_by_old']} answered by the old bundle and "
-          f"{swap['answered_by_new']} by the new one; "
+          f"{swap['answered_by_new']} by the new one; the new bundle served {took}; "
           f"server exit code after SIGTERM: {result['server_exit']}")
     one = result["serve"].get("1")
     many = result["serve"].get("16")

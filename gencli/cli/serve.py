@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -60,7 +61,13 @@ def serve(bundle, **options):
         fail(error, False)
     click.echo(f"gencli serve: listening on {service.url} (bundle {service.holder.current.path}, model "
                f"{service.holder.current.model_id})", err=True)
-    sys.exit(service.serve())
+    code = service.serve()
+    if service.abandoned_load:  # a daemon thread is inside torch: interpreter shutdown would abort (SIGABRT)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _importable(name: str) -> bool:

@@ -63,8 +63,9 @@ def test_batches_equal_recommend_list_for_list(bundles, recommenders, name, wide
 
 def test_tie_tolerance_is_measured_on_the_model(recommenders):
     rec = recommenders["a"]
-    tol, seen = tie_tolerance(rec)
-    assert (tol, seen) == tie_tolerance(rec)  # seeded probes: the same every load
+    tol, seen, probes = tie_tolerance(rec)
+    assert (tol, seen, probes) == tie_tolerance(rec) and probes == 32  # seeded probes, all within the budget
+    assert tie_tolerance(rec, budget_s=0)[2] == 8  # a slow model: the fewest probes
     assert 0 <= seen < 1e-5  # float32 on a CPU: last bits only
     assert tol == max(TIE_RTOL_MIN, min(TIE_RTOL_MAX, TIE_MARGIN * seen))
 
@@ -84,3 +85,14 @@ def test_a_coarser_dtype_gets_a_larger_tolerance_and_a_warning_past_the_widest(b
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "ordered differently from Recommender.recommend" in warned[0]
     assert f"tie tolerance {fp32.tie_rtol:.1e}" in caplog.text
+
+
+def test_a_swap_to_the_same_setup_carries_the_tolerance_and_another_setup_measures_its_own(bundles):
+    a = load_served(bundles["a"], device="cpu")
+    b = load_served(bundles["b"], device="cpu", like=a)  # another model, the same shapes, dtype and passes
+    assert a.tie_probes == 32 and b.tie_probes == 0 and b.numerics == a.numerics
+    assert (b.tie_rtol, b.tie_seen) == (a.tie_rtol, a.tie_seen)
+    other_passes = load_served(bundles["b"], device="cpu", decode_batch=4, like=a)
+    coarser = load_served(bundles["b"], device="cpu", dtype="bfloat16", like=a)
+    assert other_passes.tie_probes == coarser.tie_probes == 32
+    assert len({a.numerics, other_passes.numerics, coarser.numerics}) == 3

@@ -14,6 +14,7 @@ def test_bench_serve_smoke(bundles, tmp_path):
                      "--concurrency", "1,4", "--open-loop", "2", "--open-requests", "24", env={"GENCLI_BENCH_CACHE": str(tmp_path)}, timeout=600)
     result = json.loads((tmp_path / "serve-results.json").read_text())
     assert set(result["serve"]) == {"1", "4"} and result["swap"]["failures"] == 0 and result["server_exit"] == 0
+    assert result["swap"]["swap_s"] is not None and result["swap"]["swap_s"] < 40
     assert result["identity"]["same_items"] == result["identity"]["histories"]
     opened = result["open_loop"]
     assert opened["loop_rps"] > 0 and set(opened["batched"]) == set(opened["unbatched"]) == {"2"}

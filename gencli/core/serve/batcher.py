@@ -46,14 +46,18 @@ TIE_RTOL = 1e-5
 TIE_MARGIN = 16.0
 TIE_RTOL_MIN, TIE_RTOL_MAX = 1e-6, 1e-2
 TIE_PROBES = 32
+TIE_MIN_PROBES = 8
+TIE_BUDGET_S = 10.0
 
 
-def tie_tolerance(rec: Any, probes: int = TIE_PROBES, seed: int = 0) -> tuple[float, float]:
-    """(tolerance, largest relative score difference seen) between ``probes`` seeded random histories decoded
+def tie_tolerance(rec: Any, probes: int = TIE_PROBES, seed: int = 0,
+                  budget_s: float = TIE_BUDGET_S) -> tuple[float, float, int]:
+    """(tolerance, largest relative score difference seen, probes used) between seeded random histories decoded
     alone and the same decoded together in ``rec``'s passes.
 
     The difference comes from the kernels and the dtype (about 5e-7 for float32 on a CPU, far more for bf16 on a
-    GPU), so it is measured on the loaded model rather than assumed; it costs ``probes`` single decodes at load.
+    GPU), so it is measured on the loaded model rather than assumed. It costs about 1.6 single decodes per probe:
+    ``probes`` of them, fewer (at least :data:`TIE_MIN_PROBES`) where that would take over ``budget_s``.
     """
     from gencli.core.infer.recommend import DEFAULT_K
 
@@ -63,15 +67,20 @@ def tie_tolerance(rec: Any, probes: int = TIE_PROBES, seed: int = 0) -> tuple[fl
     histories = [rng.integers(0, n, int(rng.integers(1, top + 1))).tolist() for _ in range(probes)]
     k = min(DEFAULT_K + 1, n)
     beams = beams_for(rec, DEFAULT_K)
+    started = time.perf_counter()
+    alone = [rec.rank([histories[0]], k=k, beams=beams).scores[0]]
+    single = time.perf_counter() - started
+    used = int(np.clip(budget_s / (1.6 * max(single, 1e-9)), min(TIE_MIN_PROBES, probes), probes))
+    histories = histories[:used]
+    alone += [rec.rank([h], k=k, beams=beams).scores[0] for h in histories[1:]]
     together = rec.rank(histories, k=k, beams=beams).scores
     worst = 0.0
-    for history, batched in zip(histories, together, strict=True):
-        alone = rec.rank([history], k=k, beams=beams).scores[0]
-        both = np.isfinite(alone) & np.isfinite(batched)
+    for one, batched in zip(alone, together, strict=True):
+        both = np.isfinite(one) & np.isfinite(batched)
         if both.any():
-            diff = np.abs(alone[both] - batched[both]) / np.abs(alone[both]).clip(min=1e-30)
+            diff = np.abs(one[both] - batched[both]) / np.abs(one[both]).clip(min=1e-30)
             worst = max(worst, float(diff.max()))
-    return float(np.clip(TIE_MARGIN * worst, TIE_RTOL_MIN, TIE_RTOL_MAX)), worst
+    return float(np.clip(TIE_MARGIN * worst, TIE_RTOL_MIN, TIE_RTOL_MAX)), worst, used
 
 
 class Overloaded(Exception):

@@ -91,6 +91,8 @@ class Service:
         self.holder = Holder(bundle, load(bundle), self.metrics, cfg.watch, load)
         self.batcher = Batcher(self.metrics, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.queue)
         self.state = State()
+        self.abandoned_load = False
+        """True once :meth:`serve` returned with a reload still loading: leave the process with ``os._exit``."""
         limits = Limits(cfg.max_k, cfg.max_history_ids, cfg.max_histories, cfg.max_body_bytes)
         app = build_app(self.holder, self.batcher, self.metrics, limits, self.state)
         self.socket = _bind(cfg.host, cfg.port)
@@ -131,7 +133,9 @@ class Service:
         finally:
             self._draining()
             self.batcher.close()
-            self.holder.stop()
+            if not self.holder.stop():
+                self.abandoned_load = True
+                log.warning("a reload still loading was abandoned; the old bundle served until the end")
             self.socket.close()
             sys.setswitchinterval(switch)
         log.info("stopped after draining the requests in flight")

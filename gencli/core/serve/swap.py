@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gencli.core.serve.batcher import TIE_MARGIN, TIE_PROBES, TIE_RTOL, TIE_RTOL_MAX, tie_tolerance
+from gencli.core.serve.batcher import TIE_MARGIN, TIE_RTOL, TIE_RTOL_MAX, tie_tolerance
 from gencli.core.serve.metrics import ServeMetrics
 
 log = logging.getLogger("gencli.serve")
@@ -73,6 +73,10 @@ class Served:
     """The largest relative difference between batched and direct scores measured at load."""
     users: KnownUsers | None = None
     """The bundle's users and their histories; None when it carries none (``export --no-users``)."""
+    tie_probes: int = 0
+    """Probes the tie tolerance was measured on (0: taken from the bundle served before, same :attr:`numerics`)."""
+    numerics: str = ""
+    """What decides how batched scores round (model config, dtype, device, passes): equal, the tolerance carries."""
     loaded_at: float = field(default_factory=time.time)
 
     def describe(self) -> dict[str, Any]:
@@ -115,8 +119,23 @@ def signature(path: Path) -> tuple | None:
     return str(folder), st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_batch: int = 0) -> Served:
-    """Load and check the bundle ``path`` names now, warmed up with one decode (InputError naming the problem)."""
+def numerics(rec: Any) -> str:
+    """A digest of what decides how a batched score rounds against a direct one: the model's config (its shapes),
+    its dtype, the device and the histories per pass. Nightly retrains of one setup share it."""
+    config = {k: v for k, v in rec.model.config.to_dict().items()
+              if k not in ("_name_or_path", "name_or_path", "transformers_version")}
+    dtype = next(rec.model.parameters()).dtype
+    text = json.dumps([config, str(dtype), str(rec.device), rec.batch_size], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_batch: int = 0,
+                like: Served | None = None) -> Served:
+    """Load and check the bundle ``path`` names now, warmed up with one decode (InputError naming the problem).
+
+    The tie tolerance is measured (:func:`tie_tolerance`) unless ``like`` (the bundle served now) has the same
+    :func:`numerics`: then its tolerance carries over, and a nightly swap does not pay the probes.
+    """
     from gencli.core.infer.bundle import read_users_frame
     from gencli.core.infer.recommend import Recommender
 
@@ -127,15 +146,21 @@ def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_ba
     if decode_batch:
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
     rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
-    tie_rtol, seen = tie_tolerance(rec)
+    shape = numerics(rec)
+    if like is not None and like.numerics == shape:
+        tie_rtol, seen, probes = like.tie_rtol, like.tie_seen, 0
+    else:
+        tie_rtol, seen, probes = tie_tolerance(rec)
     meta = rec.metadata
-    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol, seen, users)
+    return Served(rec, str(folder), model_id(meta), str(meta.get("created", "")), tie_rtol, seen, users, probes,
+                  shape)
 
 
 def log_ties(served: Served) -> None:
     """The bundle's measured tie tolerance; a warning when the model rounds too coarsely for it to hold."""
-    log.info("%s: batched scores within %.1e of direct ones on %d probes; tie tolerance %.1e", served.path,
-             served.tie_seen, TIE_PROBES, served.tie_rtol)
+    where = f"on {served.tie_probes} probes" if served.tie_probes else "(the bundle before: same model shape, dtype)"
+    log.info("%s: batched scores within %.1e of direct ones %s; tie tolerance %.1e", served.path, served.tie_seen,
+             where, served.tie_rtol)
     if served.tie_seen * TIE_MARGIN > TIE_RTOL_MAX:
         log.warning("%s: batched decoding rounds this model's scores %.1e apart from direct calls; near-tied items "
                     "of a batched list may be ordered differently from Recommender.recommend (serve it in float32 "
@@ -149,7 +174,7 @@ class Holder:
     """
 
     def __init__(self, path: Path, first: Served, metrics: ServeMetrics, watch_s: float,
-                 load: Callable[[Path], Served]):
+                 load: Callable[..., Served]):
         self.path = Path(path)
         self.current = first
         self.metrics = metrics
@@ -169,11 +194,16 @@ class Holder:
         self._thread = threading.Thread(target=self._loop, name="gencli-serve-watch", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop watching; False when a load was still running after ``timeout`` s and is abandoned (the thread is
+        a daemon: the process must then leave with ``os._exit``, since interpreter shutdown under a torch call in
+        flight aborts it)."""
         self._stopped = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)  # a load in progress is abandoned (daemon thread): the process exits
+            self._thread.join(timeout=timeout)
+            return not self._thread.is_alive()
+        return True
 
     def request_reload(self) -> None:
         """Load the bundle again now, changed or not (SIGHUP). Safe from a signal handler: it only sets a flag."""
@@ -197,7 +227,7 @@ class Holder:
         old = self.current
         started = time.perf_counter()
         try:
-            new = self._load(self.path)
+            new = self._load(self.path, like=old)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the old bundle serving
             self.metrics.reloads.inc(result="failed")
             log.error("reload (%s) failed, still serving %s (model %s): %s", reason or "asked", old.path,
