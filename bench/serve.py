@@ -116,37 +116,56 @@ def start_server(bundle: Path, args, max_batch: int = 0) -> tuple[subprocess.Pop
     raise RuntimeError("gencli serve did not start within 300 s")
 
 
-def post(conn: http.client.HTTPConnection, body: dict) -> tuple[int, dict]:
-    conn.request("POST", URL_PATH, json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    return resp.status, json.loads(resp.read())
+def connect(port: int) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+
+def exchange(conn: http.client.HTTPConnection, port: int, method: str, path: str,
+             body: dict | None = None) -> tuple[int, dict, http.client.HTTPConnection]:
+    """(status, JSON answer, the connection to go on with): status 0 and a fresh connection when it failed."""
+    try:
+        if body is None:
+            conn.request(method, path)
+        else:
+            conn.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read()), conn
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        conn.close()
+        return 0, {"error": str(exc)}, connect(port)
 
 
 def load(port: int, histories: list[list[str]], clients: int, k: int, limit_s: float,
-         during=None) -> tuple[dict, list[dict]]:
-    """``clients`` threads share the requests; every answer is kept (status, bundle path) in request order."""
+         during=None, arrivals: np.ndarray | None = None) -> tuple[dict, list[dict]]:
+    """``clients`` threads share the requests; every answer is kept (status, bundle path) in request order.
+
+    Closed loop by default (a client sends its next request when it has its answer). With ``arrivals`` (seconds
+    from the start, one per history) request i is sent at its arrival, by whichever client is free, and its
+    latency counts from then, so a request sent late because every client was busy still counts its wait.
+    """
     answers: list[dict] = [{} for _ in histories]
     times: list[float] = []
     failures = [0]
     lock = threading.Lock()
     nxt = [0]
-    t_end = time.perf_counter() + limit_s
+    started = time.perf_counter()
+    t_end = started + limit_s
 
     def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn = connect(port)
         while True:
             with lock:
                 i = nxt[0]
                 nxt[0] += 1
-            if i >= len(histories) or time.perf_counter() > t_end:
+            if i >= len(histories):
                 break
-            t0 = time.perf_counter()
-            try:
-                status, body = post(conn, {"history": histories[i], "k": k})
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                status, body = 0, {"error": str(exc)}
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            due = None if arrivals is None else started + float(arrivals[i])
+            if (time.perf_counter() if due is None else due) > t_end:
+                break
+            if due is not None:
+                time.sleep(max(0.0, due - time.perf_counter()))
+            t0 = time.perf_counter() if due is None else due
+            status, body, conn = exchange(conn, port, "POST", URL_PATH, {"history": histories[i], "k": k})
             elapsed = time.perf_counter() - t0
             with lock:
                 answers[i] = {"status": status, "body": body}
@@ -157,7 +176,6 @@ def load(port: int, histories: list[list[str]], clients: int, k: int, limit_s: f
         conn.close()
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
-    started = time.perf_counter()
     for t in threads:
         t.start()
     if during is not None:
@@ -169,54 +187,14 @@ def load(port: int, histories: list[list[str]], clients: int, k: int, limit_s: f
 
 def open_loop(port: int, histories: list[list[str]], rate: float, k: int, limit_s: float, seed: int,
               senders: int = 64) -> dict:
-    """Requests at a fixed mean rate (Poisson arrivals, seeded), whatever the answers' pace.
-
-    A closed-loop client waits for its answer before it sends again, so with 16 of them a request waits for
-    about 16 others whatever the server does; here arrivals do not slow down when the server does. Latency is
-    counted from each request's scheduled arrival, so one sent late because all ``senders`` were busy still
-    counts its wait (no coordinated omission). Bounded by the request count and ``limit_s``.
+    """Requests at a fixed mean rate (Poisson arrivals, seeded), whatever the answers' pace, by ``senders``
+    clients (:func:`load` with arrivals). A closed-loop client waits for its answer before it sends again, so
+    with 16 of them a request waits for about 16 others whatever the server does; here arrivals do not slow down
+    when the server does. Bounded by the request count and ``limit_s``.
     """
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(histories))
-    arrivals = np.cumsum(gaps) - gaps[0]
-    times: list[float] = []
-    failures = [0]
-    lock = threading.Lock()
-    nxt = [0]
-    started = time.perf_counter()
-    t_end = started + limit_s
-
-    def sender() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= len(histories):
-                break
-            due = started + arrivals[i]
-            if due > t_end:
-                break
-            time.sleep(max(0.0, due - time.perf_counter()))
-            try:
-                status, _ = post(conn, {"history": histories[i], "k": k})
-            except (OSError, http.client.HTTPException, ValueError):
-                status = 0
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            elapsed = time.perf_counter() - due
-            with lock:
-                if status == 200:
-                    times.append(elapsed)
-                else:
-                    failures[0] += 1
-        conn.close()
-
-    threads = [threading.Thread(target=sender) for _ in range(senders)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {**summary(times, time.perf_counter() - started, failures[0]), "offered_rps": round(rate, 1)}
+    result, _ = load(port, histories, senders, k, limit_s, arrivals=np.cumsum(gaps) - gaps[0])
+    return {**result, "offered_rps": round(rate, 1)}
 
 
 def open_loop_levels(link: Path, port: int, histories, args, loop_rps: float) -> dict:
@@ -263,15 +241,9 @@ def swap_under_load(proc: subprocess.Popen, port: int, link: Path, other: Path, 
     swapped: dict = {}
 
     def watch(hup: float) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = connect(port)
         while time.perf_counter() < hup + 2 * limit_s:
-            try:
-                conn.request("GET", "/readyz")
-                body = json.loads(conn.getresponse().read())
-            except (OSError, http.client.HTTPException, ValueError):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                body = {}
+            _, body, conn = exchange(conn, port, "GET", "/readyz")
             if body.get("bundle", {}).get("path") == target:
                 swapped["s"] = round(time.perf_counter() - hup, 2)
                 break

@@ -79,9 +79,6 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
         source = "request" if query.known_users is None else "bundle"
         out = [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown,
                 "history_from": source} for (items, scores), (_, unknown) in zip(rows, resolved, strict=True)]
-        if names[0].startswith("user_ids["):  # a batch of known users: each result says whose it is
-            for result, user in zip(out, query.known_users, strict=True):
-                result["user_id"] = user
         return out
 
     def stored(served: Served, user: str, name: str) -> list[int]:
@@ -110,9 +107,13 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                 payload = {"user_id": query.user_id, **result}
             else:
                 query = batch_query(body, limits)
-                field, asked = ("histories", query.histories) if query.known_users is None \
-                    else ("user_ids", query.known_users)
-                payload = {"results": await decode(served, query, [f"{field}[{i}]" for i in range(len(asked))])}
+                if query.known_users is None:
+                    results = await decode(served, query, [f"histories[{i}]" for i in range(len(query.histories))])
+                else:  # each result says whose it is
+                    results = await decode(served, query, [f"user_ids[{i}]" for i in range(len(query.known_users))])
+                    for result, user in zip(results, query.known_users, strict=True):
+                        result["user_id"] = user
+                payload = {"results": results}
             payload.update(k=query.k, exclude_seen=query.exclude_seen, bundle=served.describe())
             response: Response = JSONResponse(payload, headers={MODEL_HEADER: served.model_id})
         except BadRequest as exc:

@@ -126,14 +126,13 @@ def _user_id(value: Any, name: str) -> str:
 def one_query(obj: Any, limits: Limits) -> Query:
     obj = _object(obj, ONE_FIELDS, '{"history": ["i1", "i2"], "k": 10}')
     user_id = obj.get("user_id")
-    if user_id is not None:
-        _user_id(user_id, "user_id")
+    known = None if user_id is None else _user_id(user_id, "user_id")  # user_id itself is echoed as sent
     k, exclude_seen, strict = _options(obj, limits)
     if "history" not in obj:
         if user_id is None:
             raise BadRequest(422, "history", "history is required: a list of item ids, oldest first ([] = none); "
                                              "or user_id alone for a user the bundle carries")
-        return Query([], k, exclude_seen, strict, user_id, known_users=[str(user_id)])
+        return Query([], k, exclude_seen, strict, user_id, known_users=[known])
     history = _history(obj["history"], "history", limits)
     return Query([history], k, exclude_seen, strict, user_id)
 

@@ -118,7 +118,7 @@ class Service:
         """Run until stopped; the exit code (0 after SIGTERM or :meth:`stop`, 130 after SIGINT).
 
         While it runs the interpreter switches threads every :data:`SWITCH_INTERVAL_S` (Python's default is 5 ms):
-        the decode thread gives up the GIL at every torch op, and the event loop kept it up to 5 ms each time.
+        the decode thread gives up the GIL at every torch op, and the event loop could keep it up to 5 ms each time.
         """
         switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
