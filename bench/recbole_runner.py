@@ -41,6 +41,33 @@ def _load_full(*args, **kwargs):
 torch.load = _load_full
 
 
+def _numpy2_aliases() -> None:
+    """RecBole 1.2.1's Config aliases np.float, np.complex and np.unicode to np.float_, np.complex_ and np.unicode_,
+    which NumPy 2 removed: give them back (same types) so it runs beside NumPy 1 or 2."""
+    import numpy as np
+
+    for old, new in (("float_", np.float64), ("complex_", np.complex128), ("unicode_", np.str_)):
+        if old not in np.__dict__:
+            setattr(np, old, new)
+
+
+def _pandas_elementwise_len() -> None:
+    """RecBole 1.2.1 takes per-row lengths of token sequences as ``Series.agg(len)``; pandas >= 2.2 applies ``len``
+    to the whole Series there (one number, and then 'Length of values (1) does not match'). Map ``len`` over the
+    rows, which is what older pandas did; every other ``agg`` is unchanged."""
+    import pandas as pd
+
+    agg = pd.Series.agg
+    if getattr(agg, "gencli_shim", False):
+        return
+
+    def elementwise_len(self, func=None, *args, **kwargs):
+        return self.map(len) if func is len else agg(self, func, *args, **kwargs)
+
+    elementwise_len.gencli_shim = True
+    pd.Series.agg = pd.Series.aggregate = elementwise_len
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True, help="folder holding DATASET/DATASET.{train,valid,test}.inter")
@@ -48,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--epochs", type=int, default=0, help="0 = RecBole's default (300, with early stopping)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: train and score on the GPU (RecBole's use_gpu); the split and settings are the same")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="score this saved RecBole checkpoint (e.g. the best one of a killed run) instead of training")
     return p.parse_args()
@@ -94,16 +123,17 @@ def test_ranks(model, loader, dataset, tops: list | None = None) -> list[list]:
     # Tie-break by our item token (the gencli item_idx) rather than RecBole's internal order.
     order_key = torch.tensor([int(t) if t != "[PAD]" else -1 for t in tokens])
     out = []
+    device = next(model.parameters()).device
     for batch in loader:
-        inter = batch[0]
-        scores = model.full_sort_predict(inter).view(len(inter), -1).float()
+        inter = batch[0].to(device)
+        scores = model.full_sort_predict(inter).view(len(inter), -1).float().cpu()  # ranked here, on the CPU
         scores[:, 0] = -torch.inf  # RecBole's padding item
-        target = inter[iid]
+        target = inter[iid].cpu()
         t_score = scores.gather(1, target[:, None])
         higher = (scores > t_score).sum(1)
         ties = ((scores == t_score) & (order_key[None, :] < order_key[target][:, None])).sum(1)
         ranks = (1 + higher + ties).tolist()
-        users = dataset.id2token(uid, inter[uid].numpy())
+        users = dataset.id2token(uid, inter[uid].cpu().numpy())
         for u, t, r in zip(users, target.tolist(), ranks, strict=True):
             out.append([str(u), str(tokens[t]), int(r)])
         if tops is not None:
@@ -122,6 +152,8 @@ def main() -> None:
     args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
     sys.argv = sys.argv[:1]  # RecBole's Config also reads --key=value from the command line
     torch.set_num_threads(1)
+    _numpy2_aliases()
+    _pandas_elementwise_len()
     from recbole.config import Config
     from recbole.data import create_dataset, data_preparation
     from recbole.model.sequential_recommender import SASRec
@@ -138,7 +170,7 @@ def main() -> None:
         "alias_of_item_id": ["item_id_list"],  # one token -> id map for histories and targets
         "train_neg_sample_args": None,  # required by CE loss (SASRec's default loss)
         "seed": args.seed, "reproducibility": True,
-        "use_gpu": False, "worker": 0, "show_progress": False,
+        "use_gpu": args.device == "cuda", "gpu_id": "0", "worker": 0, "show_progress": False,
         "checkpoint_dir": str(work / "saved"), "save_dataset": False, "save_dataloaders": False,
     }
     if args.epochs:
@@ -159,7 +191,7 @@ def main() -> None:
         best_score, best_valid = trainer.fit(train_data, valid_data, saved=True, show_progress=False)
         model_file, best_epoch = None, len(epochs) - 1 - trainer.cur_step  # cur_step: evals since the best
     else:
-        saved = torch.load(args.checkpoint, map_location="cpu")
+        saved = torch.load(args.checkpoint, map_location=config["device"])
         model.load_state_dict(saved["state_dict"])
         best_valid = trainer.evaluate(valid_data, load_best_model=False, show_progress=False)
         best_score, model_file = saved["best_valid_score"], str(args.checkpoint)
@@ -174,7 +206,9 @@ def main() -> None:
         "recbole_test": {k: float(v) for k, v in recbole_test.items()},
         "epochs_run": len(epochs), "best_epoch": best_epoch,
         "from_checkpoint": str(args.checkpoint) if args.checkpoint else None,
-        "items": int(dataset.item_num) - 1, "torch_threads": torch.get_num_threads(),
+        "items": int(dataset.item_num) - 1, "torch_threads": torch.get_num_threads(), "device": args.device,
+        "versions": {"torch": torch.__version__, "numpy": __import__("numpy").__version__,
+                     "pandas": __import__("pandas").__version__},
         "config": {k: config[k] for k in ("epochs", "train_batch_size", "learning_rate", "stopping_step",
                                           "valid_metric", "MAX_ITEM_LIST_LENGTH", "loss_type", "hidden_size",
                                           "n_layers", "n_heads", "inner_size", "hidden_dropout_prob",

@@ -45,6 +45,8 @@ class Step:
     """That field assumes the previous run's SIDs, so ``--requantize`` leaves it unset (quantize, init-vocab)."""
     holds_model: bool = False
     """Its folder holds ``model/`` (a plain HF folder) and ``sid_vocab.json``."""
+    refines: str = ""
+    """The model step whose model it refines (rl: sft): ``auto`` passes it over once that step was trained again."""
     key_metrics: tuple[str, ...] = ()
     """The few metrics ``gencli status`` shows (dotted keys reach into blocks, e.g. ``overall.recall@5``)."""
     resumable: bool = False
@@ -105,6 +107,10 @@ REGISTRY: tuple[Step, ...] = (
     Step("sft", "train", "sft", "TrainConfig", "gencli.core.train.sft:run_step", _DATA, model="start_from",
          holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "sft"},
          key_metrics=("steps", "peak_step", "peak_recall@5", "blend.weight", "blend.prefix", "tokens_per_s")),
+    # rl refines sft's model on rollouts of the constrained search (a preference stage); only sft may start it
+    Step("rl", "train", "rl", "TrainConfig", "gencli.core.train.rl:run_step", _DATA, model="start_from",
+         holds_model=True, refines="sft", resumable=True, fixed={"task": "rl", "start_from": "sft"},
+         key_metrics=("method", "steps", "start_ndcg@10", "peak_ndcg@10", "peak_step", "blend.weight")),
     Step("eval", "evaluate", "eval_cmd", "EvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
          model="model_step", ranking=True, renames=_PRUNE,
          key_metrics=("overall.recall@5", "overall.ndcg@5", "overall.recall@10", "overall.users", "exclude_seen",
@@ -145,7 +151,7 @@ def pipeline_steps() -> tuple[str, ...]:
 
 
 def model_steps() -> tuple[str, ...]:
-    """Steps that hold a model, in pipeline order (init-vocab, cpt, sft)."""
+    """Steps that hold a model, in pipeline order (init-vocab, cpt, sft, rl)."""
     return tuple(s.name for s in REGISTRY if s.holds_model)
 
 

@@ -1,4 +1,4 @@
-"""gencli cpt / sft: the two training steps, one engine (gencli.core.train.loop).
+"""gencli cpt / sft / rl: the training steps, one engine (gencli.core.train.loop).
 
 Their options come from :class:`~gencli.config.TrainConfig` (and its nested STAMP settings); a field marked
 ``steps=("sft",)`` is an option of sft only.
@@ -47,3 +47,22 @@ def sft(workdir, json_mode, force, resume, **options):
       gencli sft --resume
     """
     run_step("sft", config("sft", json_mode, options), workdir, json_mode, force, resume)
+
+
+@click.command()
+@_train_options("rl")
+def rl(workdir, json_mode, force, resume, **options):
+    """A rank-aware preference stage after sft, on rollouts of the constrained beam search.
+
+    Each training user's history is decoded by the current model (only real, unseen items); the target is then
+    preferred to the wrong items ranked highest (--method dpo) or the rollouts are rewarded by rank (--method grpo),
+    against the sft model. The checkpoint with the best validation NDCG@10 of the served ranking (sft's model
+    included) becomes rl's model, and the blend is fitted again.
+
+    \b
+    Examples:
+      gencli rl
+      gencli rl --method grpo --rollouts 16 --beta 0.04
+      gencli rl --epochs 4 --targets-per-user 3
+    """
+    run_step("rl", config("rl", json_mode, options), workdir, json_mode, force, resume)

@@ -20,9 +20,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULES = ("cosine", "linear")
 SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
 SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
-MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, sft, cpt, init-vocab
+MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, rl, sft, cpt, init-vocab
 SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
-TRAINING = ("cpt", "sft")  # the steps that train (STAMP's MAP and SAP-while-training options)
+TRAINING = ("cpt", "sft")  # the steps that train on tokens (STAMP's MAP and SAP-while-training options)
+TRAIN_TASKS = (*TRAINING, "rl")  # the steps of TrainConfig: rl trains on rollouts with a preference loss
+RL_METHODS = ("dpo", "grpo")  # rl --method (gencli.core.train.preference)
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:

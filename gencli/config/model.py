@@ -11,10 +11,12 @@ from gencli.config.base import (
     MAX_BEAMS,
     MODEL_STEP_CHOICES,
     PROJECTIONS,
+    RL_METHODS,
     SAP_SCORES,
     SCHEDULES,
     SFT_SAMPLES,
     SFT_STARTS,
+    TRAIN_TASKS,
     TRAINING,
     Checks,
     device_option,
@@ -97,6 +99,7 @@ class StampConfig:
         return self.sap or self.map
 
 
+VALIDATED = ("sft", "rl")  # the training steps that validate and stop early
 SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; patience normally stops it earlier
 EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
 EVAL_USERS = 500  # sft validation users: all up to this, a seeded subsample above
@@ -106,29 +109,33 @@ BATCH = 32  # samples per micro-batch with --batch-size 0 (cpt, sft prefixes, sf
 WINDOW_BATCH_MIN = 8  # sft windows on small logs: fewer windows per batch (each holds up to 25 targets at history 50)
 MIN_EPOCH_STEPS = 128  # ... so that an epoch has at least this many optimizer steps where possible
 SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
+LR = 1e-3  # cpt's and sft's peak learning rate with --lr 0 (auto)
+RL_LR = 1e-4  # rl's: it moves a trained model, with a loss whose gradients do not shrink as cpt's and sft's do
+RL_EPOCHS = 2.0  # rl's epoch cap with --epochs 0 (auto)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Options shared by ``gencli cpt`` and ``gencli sft`` (one engine)."""
+    """Options shared by ``gencli cpt``, ``gencli sft`` and ``gencli rl`` (one engine)."""
 
-    task: str = option("sft", "sft (history SIDs -> next SID, all weights) or cpt (SID <-> text, new rows only).",
-                       cli=False)
-    start_from: str = option("auto", "Model to start from (auto = cpt when it has run, else init-vocab).",
+    task: str = option("sft", "sft (history SIDs -> next SID, all weights), cpt (SID <-> text, new rows only) or rl "
+                              "(a preference stage on sft's rollouts).", cli=False)
+    start_from: str = option("auto", "Model to start from (auto = cpt when it has run, else init-vocab; rl: sft).",
                              choices=SFT_STARTS, option="--from", steps=("sft",))
     epochs: float = option(0.0, f"Passes over the training samples at most (0 = auto: sft {SFT_MAX_EPOCHS:g}, "
-                                 "normally stopped earlier by --patience; cpt 1). Ignored when --max-steps > 0.")
+                                 f"normally stopped earlier by --patience; cpt 1; rl {RL_EPOCHS:g}). Ignored when "
+                                 "--max-steps > 0.")
     max_steps: int = option(0, "Optimizer steps (0 = from --epochs).")
     batch_size: int = option(0, f"Samples per micro-batch (0 = auto: {BATCH}; for sft's windows, which hold up to half "
                                 f"of --max-history targets each, fewer, down to {WINDOW_BATCH_MIN}, so that an epoch "
                                 f"has at least {MIN_EPOCH_STEPS} steps).")
     grad_accum: int = option(1, "Micro-batches per optimizer step.")
-    lr: float = option(1e-3, "Peak learning rate (AdamW).")
+    lr: float = option(0.0, f"Peak learning rate (AdamW; 0 = auto: cpt and sft {LR:g}, rl {RL_LR:g}).")
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
     warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
     schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
     dropout: float = option(0.0, "Dropout on the embeddings, attention probabilities and residual branches while "
-                                 "training (the saved model has none).", steps=("sft",))
+                                 "training (the saved model has none).", steps=VALIDATED)
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
     max_history: int = option(SFT_MAX_HISTORY, "Last N history items per sample.", steps=("sft",))
     max_prefixes: int = option(0, "At most N training targets per user, the latest (0 = all).", steps=("sft",))
@@ -140,20 +147,33 @@ class TrainConfig:
     max_text_tokens: int = option(64, "Item text truncated to N tokens.", steps=("cpt",))
     sid_softmax: bool = option(False, "Logits over SID rows only (exact for constrained decoding, cheaper with a "
                                       "large vocab).", option="--sid-softmax/--full-softmax", steps=("sft",))
-    eval_every: int = option(0, "Validation Recall@5 every N steps (0 = --evals-per-epoch).", steps=("sft",))
+    eval_every: int = option(0, "Validate every N steps (0 = --evals-per-epoch).", steps=VALIDATED)
     evals_per_epoch: int = option(EVALS_PER_EPOCH, "With --eval-every 0: validations per epoch, evenly spaced "
-                                                   "(0 = at the end only).", steps=("sft",))
+                                                   "(0 = at the end only).", steps=VALIDATED)
     eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, a seeded subsample of N above "
-                                         "(0 = all).", steps=("sft",))
-    eval_beams: int = option(10, "Beam width of the validation search (>= 5).", steps=("sft",))
-    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best Recall@5 (0 = off).",
-                           steps=("sft",))
+                                         "(0 = all).", steps=VALIDATED)
+    eval_beams: int = option(10, "Beam width of the validation search (sft >= 5, rl >= 10).", steps=VALIDATED)
+    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft: Recall@5, rl: "
+                                     "NDCG@10 of the served ranking; 0 = off).", steps=VALIDATED)
+    method: str = option(RL_METHODS[0], "rl: dpo (the target preferred to the --negatives wrong items the search "
+                                        "ranked highest) or grpo (group-normalised rewards over the --rollouts).",
+                         choices=RL_METHODS, steps=("rl",))
+    rollouts: int = option(16, "rl: beams of the constrained search per prompt (only real, unseen items): GRPO's "
+                               "group, DPO's pool of negatives.", steps=("rl",))
+    negatives: int = option(4, "rl dpo: wrong items per prompt, the highest-ranked of the rollouts.", steps=("rl",))
+    beta: float = option(1.0, "rl: dpo's preference temperature; grpo's KL weight to the sft model.", steps=("rl",))
+    rl_targets: int = option(1, "rl: prompts per user, its latest training targets (0 = all).", steps=("rl",),
+                             option="--targets-per-user")
+    rollout_seen: bool = option(False, "rl: let rollouts rank the prompt's history items too (eval's seen-items-ranked "
+                                       "protocol), so the loss can also push seen items down; off: masked, as "
+                                       "recommend serves.", steps=("rl",), option="--rollout-seen/--rollout-unseen")
     max_time: float = option(0.0, "Stop after this many seconds of training, keeping the best checkpoint (0 = no "
                                    "cap; for cron windows: the step count then depends on the machine).")
     save_every: int = option(0, "Checkpoint every N steps (0 = at evaluations and the end).")
     log_every: int = option(10, "Write a train line (loss, lr, grad norm, tokens/s) to metrics.jsonl every N steps.")
     keep_checkpoints: int = option(2, "Checkpoints kept on disk (the newest).")
-    stamp: StampConfig = option(StampConfig(), "STAMP: SAP token pruning and/or MAP's auxiliary loss (training only).")
+    stamp: StampConfig = option(StampConfig(), "STAMP: SAP token pruning and/or MAP's auxiliary loss (training only).",
+                                steps=TRAINING)
     seed: int = option(0, "Seeds batch order and the validation subsample.")
     device: str = device_option()
     dtype: str = dtype_option()
@@ -161,14 +181,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         c = Checks(self.task)
         c.problems += self.stamp.problems()
-        c.choice("task", self.task, TRAINING)
-        c.choice("from", self.start_from, SFT_STARTS)
+        c.choice("task", self.task, TRAIN_TASKS)
+        c.choice("from", self.start_from, ("sft",) if self.task == "rl" else SFT_STARTS)
         c.choice("schedule", self.schedule, SCHEDULES)
         c.positive("epochs", self.epochs, allow_zero=True)
         c.positive("max-steps", self.max_steps, allow_zero=True)
         c.positive("batch-size", self.batch_size, allow_zero=True)
         c.positive("grad-accum", self.grad_accum)
-        c.positive("lr", self.lr)
+        c.positive("lr", self.lr, allow_zero=True)
         c.positive("weight-decay", self.weight_decay, allow_zero=True)
         c.require(0 <= self.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)")
         c.require(0 <= self.dropout < 1, f"--dropout must be in [0, 1) (got {self.dropout!r})")
@@ -179,8 +199,15 @@ class TrainConfig:
         c.positive("eval-every", self.eval_every, allow_zero=True)
         c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
         c.positive("eval-users", self.eval_users, allow_zero=True)
-        c.require(5 <= self.eval_beams <= MAX_BEAMS,
-                  f"--eval-beams must be in [5, {MAX_BEAMS}] for validation Recall@5 (got {self.eval_beams})")
+        low, metric = (10, "NDCG@10") if self.task == "rl" else (5, "Recall@5")
+        c.require(low <= self.eval_beams <= MAX_BEAMS,
+                  f"--eval-beams must be in [{low}, {MAX_BEAMS}] for validation {metric} (got {self.eval_beams})")
+        c.choice("method", self.method, RL_METHODS)
+        c.require(2 <= self.rollouts <= MAX_BEAMS, f"--rollouts must be in [2, {MAX_BEAMS}] (got {self.rollouts})")
+        c.require(1 <= self.negatives < self.rollouts,
+                  f"--negatives must be in [1, --rollouts) (got {self.negatives}, rollouts {self.rollouts})")
+        c.positive("beta", self.beta)
+        c.positive("targets-per-user", self.rl_targets, allow_zero=True)
         c.positive("patience", self.patience, allow_zero=True)
         c.positive("max-time", self.max_time, allow_zero=True)
         c.positive("save-every", self.save_every, allow_zero=True)
@@ -203,8 +230,13 @@ class TrainConfig:
     @property
     def epoch_budget(self) -> float:
         """Passes over the samples at most: ``epochs``, or with 0 the task's default (sft trains to the plateau
-        under a high cap and early stopping; cpt has no validation to stop it, so one pass)."""
-        return self.epochs or (SFT_MAX_EPOCHS if self.task == "sft" else 1.0)
+        under a high cap and early stopping; cpt has no validation to stop it, so one pass; rl a short stage)."""
+        return self.epochs or {"sft": SFT_MAX_EPOCHS, "rl": RL_EPOCHS}.get(self.task, 1.0)
+
+    @property
+    def peak_lr(self) -> float:
+        """The peak learning rate: ``lr``, or with 0 the task's default."""
+        return self.lr or (RL_LR if self.task == "rl" else LR)
 
 
 PROFILE_VARIANTS = ("base", "sap", "map", "stamp")

@@ -282,10 +282,10 @@ def compare(a: dict[str, Any], b: dict[str, Any], step: str = "auto") -> dict[st
                          + "; rerun `gencli probe` in both with the same --level, --m and --category-rule")
     rows_a = {r["space"]: r for r in a["rows"]}
     rows_b = {r["space"]: r for r in b["rows"]}
-    common = [s for s in ("sft", "cpt", "init-vocab") if s in rows_a and s in rows_b]
+    common = [s for s in ("rl", "sft", "cpt", "init-vocab") if s in rows_a and s in rows_b]
     if step == "auto":
         if not common:
-            raise InputError("the two probes share no model step (init-vocab, cpt, sft); probe trained workdirs")
+            raise InputError("the two probes share no model step (init-vocab, cpt, sft, rl); probe trained workdirs")
         step = common[0]
     elif step not in common:
         raise InputError(f"'{step}' is not probed in both workdirs (both have: {', '.join(common) or 'none'})")

@@ -25,7 +25,7 @@ def run_keys() -> tuple[str, ...]:
     return tuple(f.names[0] for f in step_fields(RunConfig))
 
 
-OVERRIDES = {"init": ("init-vocab",), "model": ("init-vocab",), "seed": ("quantize", "init-vocab", "cpt", "sft")}
+OVERRIDES = {"init": ("init-vocab",), "model": ("init-vocab",), "seed": ("quantize", "init-vocab", "cpt", "sft", "rl")}
 """``gencli run --init/--model/--seed``: the steps whose option of the same name each sets."""
 
 

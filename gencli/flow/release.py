@@ -65,7 +65,7 @@ def retrain_report(workdir: Path, previous: Path, requantize: bool) -> dict[str,
         report.update(sid_changes(store.load_sids(prev.output("quantize", "run --previous")),
                                   store.load_sids(ws.step_dir("quantize"))))
     for step, keys in (("embed", ("items_encoded", "items_reused")), ("init-vocab", ("warm_start_from",)),
-                       ("sft", ("started_from", "steps"))):
+                       ("sft", ("started_from", "steps")), ("rl", ("started_from", "steps", "peak_step"))):
         if ws.done(step):
             metrics = ws.step_record(step)["metrics"]
             report.update({f"{step}.{k}": metrics.get(k) for k in keys})

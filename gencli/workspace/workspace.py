@@ -103,7 +103,11 @@ class Workspace:
         return folder
 
     def pick_model(self, wanted: str, consumer: str) -> str:
-        """'auto' -> the most trained finished model step ``consumer`` may read; otherwise the named one (done)."""
+        """'auto' -> the most trained finished model step ``consumer`` may read; otherwise the named one (done).
+
+        A step that refines another model step (the registry's ``refines``: rl refines sft) is passed over once that
+        step was trained again (rl after ``gencli sft --force``): ``auto`` means the newest training, not a
+        refinement of a replaced model."""
         from gencli.steps import model_candidates
 
         if wanted != "auto":
@@ -111,10 +115,19 @@ class Workspace:
             return wanted
         candidates = model_candidates(consumer)
         for step in candidates:
-            if self.done(step):
+            if self.done(step) and not self._start_model_replaced(step):
                 return step
         self.output(candidates[-1], consumer)  # raises the "run gencli init-vocab first" error
         return candidates[-1]
+
+    def _start_model_replaced(self, name: str) -> bool:
+        """Whether the model step ``name`` refines (rl: sft) was trained again after ``name`` ran."""
+        from gencli.steps import STEPS
+
+        base = STEPS[name].refines
+        inputs = self.manifest.get(name).get("inputs", {}).values()
+        return bool(base) and any(inp.get("step") == base and "artifact" not in inp and self.done(base)
+                                  and self._input_sha(inp) != inp["sha256"] for inp in inputs)
 
     def step_record(self, name: str) -> dict[str, Any]:
         return read_json(self.step_dir(name) / STEP_JSON, "step record")

@@ -18,10 +18,10 @@ def test_every_step_reads_only_steps_registered_before_it():
 
 
 def test_model_steps_and_what_auto_tries():
-    assert model_steps() == ("init-vocab", "cpt", "sft")
+    assert model_steps() == ("init-vocab", "cpt", "sft", "rl")
     assert model_candidates("sft") == ("cpt", "init-vocab")  # sft never starts from itself
-    assert model_candidates("eval") == ("sft", "cpt", "init-vocab")
-    assert all(STEPS[s].resumable == (s in ("embed", "cpt", "sft")) for s in STEPS)
+    assert model_candidates("eval") == ("rl", "sft", "cpt", "init-vocab")
+    assert all(STEPS[s].resumable == (s in ("embed", "cpt", "sft", "rl")) for s in STEPS)
 
 
 def test_every_available_command_resolves_and_plain_commands_are_not_steps():
@@ -34,12 +34,12 @@ def test_every_available_command_resolves_and_plain_commands_are_not_steps():
     assert {"ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval"} <= set(pipeline_steps())
 
 
-def _done(root, step):
+def _done(root, step, inputs=None, digest=None):
     from gencli.workspace.manifest import Manifest
 
-    (root / step).mkdir(parents=True)
+    (root / step).mkdir(parents=True, exist_ok=True)
     (root / step / "step.json").write_text("{}")
-    Manifest(root).record_done(step, {"status": "done", "digest": step})
+    Manifest(root).record_done(step, {"status": "done", "digest": digest or step, "inputs": inputs or {}})
 
 
 def test_auto_picks_the_most_trained_model_step_the_consumer_may_read(tmp_path):
@@ -57,3 +57,8 @@ def test_auto_picks_the_most_trained_model_step_the_consumer_may_read(tmp_path):
     assert ws.pick_model("auto", "sft") == "cpt"  # sft never starts from itself
     assert ws.pick_model("auto", "eval") == "sft"
     assert ws.pick_model("init-vocab", "eval") == "init-vocab"
+    _done(tmp_path, "rl", inputs={"sft": {"step": "sft", "sha256": "sft"}})
+    assert ws.pick_model("auto", "eval") == "rl"
+    _done(tmp_path, "sft", digest="sft trained again")  # rl refines a model that is no longer sft's
+    assert ws.pick_model("auto", "eval") == "sft"
+    assert ws.pick_model("rl", "eval") == "rl"  # asked for by name: still there

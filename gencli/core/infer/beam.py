@@ -202,6 +202,7 @@ def constrained_beam_search(
     banned: Sequence[Sequence[int]] | None = None,
     first_level: bool = False,
     share_prompt: bool = True,
+    shard: bool = True,
 ) -> tuple[np.ndarray, ...]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
@@ -217,6 +218,8 @@ def constrained_beam_search(
     ``first_level`` also the prefill's log-probabilities of the first SID tokens [U, G] float32 (what the blend's
     prefix part reads, :mod:`gencli.core.infer.blend`). ``share_prompt=False`` decodes with HF's cache copied to
     every beam (the reference for :mod:`gencli.core.infer.shared_kv`; the same items, scores within float rounding).
+    Under torchrun the batches are split over the ranks and gathered; ``shard=False`` decodes every prompt in this
+    process (rl's rollouts: each rank decodes its own training batch).
     """
     if not 1 <= top_k <= beams:
         raise ValueError(f"top_k must be in [1, beams] (got top_k={top_k}, beams={beams})")
@@ -251,7 +254,9 @@ def constrained_beam_search(
     order = sorted(range(n), key=lambda i: -len(prompts[i]))
     # under torchrun each rank decodes every N-th batch; a batch decodes the same wherever it runs, so the
     # gathered result equals one process's exactly
-    batches = dist.shard([order[start : start + batch_size] for start in range(0, n, batch_size)])
+    batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    distributed = shard and dist.world_size() > 1
+    batches = dist.shard(batches) if distributed else batches
     done = []
     with torch.inference_mode(), progress.track("decode", sum(map(len, batches))) as advance:
         for idx in batches:
@@ -265,7 +270,7 @@ def constrained_beam_search(
             done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy(),
                          batch_first.cpu().numpy() if first_level else None))
             advance(len(idx))
-    for part in dist.gather(done) if dist.world_size() > 1 else [done]:
+    for part in dist.gather(done) if distributed else [done]:
         for idx, batch_items, batch_scores, batch_first in part:
             items[idx], scores[idx] = batch_items, batch_scores
             if batch_first is not None:

@@ -68,7 +68,8 @@ def batches_per_epoch(n_examples: int, batch_size: int) -> int:
 
 def collate(dataset: Examples, indices: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask and targets (labels shifted left: the
-    token position t must predict, IGNORE_INDEX where there is none)."""
+    token position t must predict, IGNORE_INDEX where there is none), and ``index``: the examples' indices (what a
+    loss that reads more than tokens looks up, e.g. rl's rollouts)."""
     pairs = [dataset.example(int(i)) for i in indices]
     width = max(len(ids) for ids, _ in pairs)
     input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
@@ -79,4 +80,5 @@ def collate(dataset: Examples, indices: Sequence[int], pad_id: int) -> dict[str,
         input_ids[row, :n] = torch.as_tensor(ids, dtype=torch.long)
         targets[row, : n - 1] = torch.as_tensor(labels[1:], dtype=torch.long)
         mask[row, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "targets": targets}
+    return {"input_ids": input_ids, "attention_mask": mask, "targets": targets,
+            "index": torch.as_tensor(np.asarray(indices, dtype=np.int64))}

@@ -107,6 +107,7 @@ def fit(
     tokenizer: Any = None,
     progress: Progress = SILENT,
     resume: bool = False,
+    evaluate_first: bool = False,
 ) -> dict[str, Any]:
     """Train ``model`` on ``dataset``; write metrics, checkpoints, ``best/`` and ``model/`` into ``out_dir``.
 
@@ -114,7 +115,9 @@ def fit(
     ``evaluate(model) -> metrics`` runs when the control asks for it; the best value of
     ``metrics[metric]`` is kept in ``best/`` and becomes ``model/`` at the end. ``resume``
     continues from the last complete checkpoint in ``out_dir/checkpoints`` (a fresh start when
-    there is none). Returns a JSON-ready summary.
+    there is none). ``evaluate_first`` validates the start model before the first step (a fresh run), so it is a
+    candidate for ``best/`` too: a stage that must never end worse than where it started (rl). Returns a
+    JSON-ready summary.
     """
     if len(dataset) == 0:
         raise InputError("there are no training examples; check the train split and the options that filter it")
@@ -146,6 +149,10 @@ def fit(
     state, control = run.state, Control()
     fire(run.callbacks, "on_train_begin", state, control)
     train_time, valid_time, total_inputs, last_loss = 0.0, 0.0, 0, None
+    if evaluate_first and evaluate is not None and state.global_step == 0:
+        t0 = time.perf_counter()
+        log.write(run.validate(evaluate, metric, out_dir / artifacts.BEST_DIR, control))
+        valid_time += time.perf_counter() - t0
     window = {"time": 0.0, "loss": 0.0, "targets": 0, "inputs": 0}  # sums since the last train log line
     while state.global_step < state.max_steps and not state.stopped:
         t0 = time.perf_counter()
@@ -236,7 +243,7 @@ class _Run:
         self.model, self.cfg, self.n_examples = model, cfg, n_examples
         self.device, self.amp_dtype, self.callbacks = device, amp_dtype, callbacks
         self.save_model, self.ckpt_dir = save_model, ckpt_dir
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
         max_steps, self.warmup = plan_steps(cfg, n_examples)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(lr_factor, warmup=self.warmup, total=max_steps, kind=cfg.schedule)

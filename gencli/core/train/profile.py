@@ -182,7 +182,7 @@ def profile_variant(
     loss_fn = make_loss(stamp, rows)
     groups = default_param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
     amp_dtype = resolve_dtype(cfg.dtype, device)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and amp_dtype == torch.float16)
     clock = PhaseClock(device)

@@ -24,7 +24,7 @@ import polars as pl
 
 from gencli.config.base import SFT_SAMPLES
 from gencli.core.lm.loss import IGNORE_INDEX
-from gencli.core.lm.prompt import SidVocab, build_example
+from gencli.core.lm.prompt import SidVocab, build_example, build_prompt
 
 
 def target_counts(lengths: np.ndarray, max_prefixes: int) -> np.ndarray:
@@ -110,3 +110,39 @@ class SftExamples:
         if self.bos_id is None:
             return ids, labels
         return [int(self.bos_id), *ids], [IGNORE_INDEX, *labels]
+
+
+class PromptExamples:
+    """rl's examples: one per training target among each user's latest ``per_user`` ones (0 = all), its history the
+    items before it. ``example(i)`` is the sft prefix sample (prompt + target SID, for batching and token counts);
+    :mod:`gencli.core.train.preference` reads :meth:`prompt`, :meth:`target` and :meth:`history` (the items a rollout
+    must not recommend: the whole history before the target, as recommend masks it)."""
+
+    def __init__(self, sequences: pl.Series, item_tokens: np.ndarray, vocab: SidVocab, max_history: int,
+                 per_user: int):
+        lengths = sequences.list.len().fill_null(0).to_numpy().astype(np.int64)
+        self.flat = sequences.explode().drop_nulls().to_numpy().astype(np.int64)
+        self.offsets = np.cumsum(lengths) - lengths
+        self.item_tokens, self.bos_id, self.max_history = item_tokens, vocab.bos_id, max_history
+        self.rows, self.positions = prefix_positions(lengths, per_user)
+        bos = 0 if vocab.bos_id is None else 1
+        self._lengths = bos + (np.minimum(self.positions, max_history) + 1) * item_tokens.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+    def history(self, i: int) -> np.ndarray:
+        offset = self.offsets[self.rows[i]]
+        return self.flat[offset:offset + self.positions[i]]
+
+    def target(self, i: int) -> int:
+        return int(self.flat[self.offsets[self.rows[i]] + self.positions[i]])
+
+    def prompt(self, i: int) -> list[int]:
+        return build_prompt(self.history(i), self.item_tokens, self.max_history, self.bos_id)
+
+    def example(self, i: int) -> tuple[list[int], list[int]]:
+        return build_example(self.history(i), self.target(i), self.item_tokens, self.max_history, self.bos_id)

@@ -68,29 +68,32 @@ class Validation:
     best validation's candidates are kept for the final fit (:meth:`final_blend`)."""
 
     def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
-                 device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None):
+                 device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
+                 metric: str = EVAL_METRIC):
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
                                    max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
                                    exclude_seen=ranker is not None)
         # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
         self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
         self.ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
-        self.cfg, self.device, self.prune, self.ranker = cfg, device, prune, ranker
+        self.cfg, self.device, self.prune, self.ranker, self.metric = cfg, device, prune, ranker, metric
         self.runs = 0
-        self.best: tuple[float, Any] | None = None  # (EVAL_METRIC, candidates) of the best validation run here
+        self.best: tuple[float, Any] | None = None  # (metric, candidates) of the best validation run here
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
                                 device=self.device, softmax_rows=self.softmax_rows, prune=self.prune,
                                 fit_step=VALID_FIT_STEP if self.ranker is not None else 0.0)
         self.runs += 1
-        out = {**{f"recall@{k}": result["metrics"]["overall"][f"recall@{k}"] for k in self.ks},
+        overall = result["metrics"]["overall"]
+        out = {**{f"{m}@{k}": overall[f"{m}@{k}"] for m in ("recall", "ndcg") for k in self.ks},
                "users": len(self.evaluator.targets)}
         if self.ranker is not None:
-            out["model_recall@5"] = result["model_only"]["overall"]["recall@5"]
+            model_only = result["model_only"]["overall"]
+            out.update({f"model_{m}": model_only[m] for m in ("recall@5", "recall@10", "ndcg@10") if m in model_only})
             out.update({f"blend_{k}": v for k, v in result["blend"].to_dict().items()})
-            if self.best is None or out[EVAL_METRIC] > self.best[0]:  # the same rule as the loop's best/
-                self.best = (out[EVAL_METRIC], result["candidates"])
+            if self.best is None or out[self.metric] > self.best[0]:  # the same rule as the loop's best/
+                self.best = (out[self.metric], result["candidates"])
         return out
 
     def final_blend(self, model_dir: Path, evals: int, best: float | None) -> dict[str, Any]:
@@ -147,7 +150,7 @@ def sid_rows(vocab: SidVocab) -> list[int]:
     return sorted({t for level in vocab.token_ids for t in level})
 
 
-def _check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) -> None:
+def check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) -> None:
     problems = []
     if "sequence" not in train.columns:
         problems.append(f"train split has columns {train.columns}, expected user_idx, sequence")
@@ -186,7 +189,7 @@ def run(
     vocab = load_sid_vocab(vocab_path)
     item_tokens = item_token_ids(item_codes, vocab)
     valid = valid if valid is not None and valid.height > 0 else None
-    _check_frames(train, valid, len(item_tokens))
+    check_frames(train, valid, len(item_tokens))
     dataset = SftExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.max_prefixes, cfg.samples)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so sft has no sample; "

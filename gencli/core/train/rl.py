@@ -1,0 +1,125 @@
+"""rl: a rank-aware preference stage after sft, on rollouts of gencli's own constrained beam search.
+
+The policy starts from sft's model; a frozen copy of it is the reference. Each prompt is a training user's history
+before one of its latest training targets (:class:`~gencli.core.train.samples.PromptExamples`); the loss rolls the
+prompts out with the current model and applies ``--method`` dpo or grpo (:mod:`gencli.core.train.preference`). The
+engine is sft's: :func:`gencli.core.train.loop.fit` (schedule, clipping, checkpoints, exact resume, torchrun DDP),
+and sft's validation (:class:`gencli.core.train.sft.Validation`, the served ranking: seen items masked, the blend
+of model and content fitted on the valid users). The start model is validated before the first update, and the
+checkpoint with the best validation NDCG@10 becomes ``model/``: when no update beats sft, rl's model is sft's. The
+blend is then fitted again to that model (``blend.json``), as sft does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from gencli.config import TrainConfig
+from gencli.core import artifacts
+from gencli.core.device import resolve_device
+from gencli.core.infer.blend import Ranker, first_groups
+from gencli.core.infer.content import ContentScorer
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.dropout import add_dropout
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.progress import SILENT, Progress
+from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
+from gencli.core.train.loop import fit
+from gencli.core.train.preference import PreferenceLoss
+from gencli.core.train.samples import PromptExamples
+from gencli.core.train.sft import Validation, check_frames, sid_rows
+from gencli.errors import InputError
+
+EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
+
+
+def run(
+    cfg: TrainConfig,
+    model_dir: Path,
+    vocab_path: Path,
+    item_codes: np.ndarray,
+    train: pl.DataFrame,
+    valid: pl.DataFrame | None,
+    embeddings: np.ndarray,
+    out_dir: Path,
+    progress: Progress = SILENT,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
+    ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``cfg.max_history`` is the prompt
+    length sft trained with. Returns the summary metrics."""
+    out_dir = Path(out_dir)
+    if valid is None or valid.height == 0:
+        raise InputError("rl picks its checkpoint on the valid split, and ingest wrote none; ingest with a split "
+                         "that keeps a validation target per user (the default --split loo)")
+    vocab = load_sid_vocab(vocab_path)
+    item_tokens = item_token_ids(item_codes, vocab)
+    check_frames(train, valid, len(item_tokens))
+    if len(embeddings) != len(item_tokens):
+        raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
+                         f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
+    dataset = PromptExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.rl_targets)
+    if len(dataset) == 0:
+        raise InputError("the train split has no sequence with 2 or more items, so rl has no prompt; "
+                         "ingest with a larger --min-user-events or check the interactions file")
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_model(model_dir, device, torch.float32)
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    add_dropout(model, cfg.dropout)  # the policy's training passes only: rollouts and the reference run without
+    rows = sid_rows(vocab) if vocab.softmax == "sid" else None
+    loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
+                          cfg.negatives, cfg.beta, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
+    ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens))
+    evaluate = Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker, metric=EVAL_METRIC)
+    callbacks: list[Any] = [ProgressCallback(progress, "rl")]
+    if cfg.patience > 0:
+        callbacks.append(EarlyStopping(cfg.patience))
+    if cfg.max_time > 0:
+        callbacks.append(TimeLimit(cfg.max_time, True))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = fit(model, dataset, cfg, out_dir, pad_id=vocab.pad_id, loss_fn=loss, evaluate=evaluate,
+                  metric=EVAL_METRIC, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume,
+                  evaluate_first=True)
+    (out_dir / artifacts.SID_VOCAB).write_bytes(Path(vocab_path).read_bytes())  # sft's, softmax included
+    curve = summary.pop("evals")
+    best = summary[f"best_{EVAL_METRIC}"]
+    blends = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best)
+    (out_dir / artifacts.BLEND).write_text(json.dumps(blends, indent=2) + "\n", encoding="utf-8")
+    start = curve[0][EVAL_METRIC] if curve and curve[0]["step"] == 0 else None
+    stats = loss.stats
+    return {
+        "task": "rl",
+        "method": cfg.method,
+        **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
+        "prompts": len(dataset),
+        "max_history": cfg.max_history,
+        "start_ndcg@10": start,  # sft's model, validated before the first update
+        "peak_ndcg@10": best,
+        "peak_step": summary["best_step"],  # 0: no update beat the start model, which stays rl's model
+        "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
+        # over the rollouts of this process (since a resume: of this attempt only)
+        "rollout_hit_rate": stats["target_in_rollouts"] / stats["prompts"] if stats["prompts"] else None,
+        "rollout_first_rate": stats["target_first"] / stats["prompts"] if stats["prompts"] else None,
+        "blend": blends["blends"]["exclude_seen"],
+        "valid_blend": blends["fit"]["valid"],
+    }
+
+
+def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The rl step: sft's model and prompt length, quantize's SIDs, ingest's splits, embed's vectors."""
+    import dataclasses
+
+    model_dir, vocab_path = inputs.model()
+    codes, _ = inputs.codes()
+    cfg = dataclasses.replace(cfg, max_history=inputs.trained_history())
+    metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"),
+                  inputs.embeddings(), out_dir, progress, resume=inputs.resume)
+    return {"started_from": inputs.model_step, **metrics}
