@@ -18,6 +18,8 @@ class GencliError(Exception):
     """Base class: an expected failure with a message meant for a person."""
 
     exit_code = EXIT_FAILED
+    resumable = False
+    """True when the work a resumable step finished before the failure (its checkpoints) is kept for a rerun."""
 
 
 class InputError(GencliError):
@@ -43,6 +45,14 @@ class LockedError(GencliError):
     """The workdir is locked by another running gencli process."""
 
     exit_code = EXIT_LOCKED
+
+
+class TrainingDiverged(GencliError):
+    """A training step met a non-finite loss, gradient or weight: it stops before saving or committing anything,
+    so the previous model stays; the checkpoints written before it are kept (exit 1)."""
+
+    exit_code = EXIT_FAILED
+    resumable = True
 
 
 class BrokenModelError(GencliError):

@@ -111,7 +111,8 @@ def execute(step: Step, cfg: Any, workdir: Path, *, force: bool = False, resume:
     except BaseException as error:  # noqa: BLE001 - cleaned up here, reported by the caller
         tell({"exit": getattr(error, "exit_code", EXIT_FAILED)})
         if run is not None and not run.up_to_date:
-            ws.abort(run, error, keep_staging=step.resumable and not isinstance(error, GencliError))
+            keep = not isinstance(error, GencliError) or error.resumable  # a crash or a divergence: resumable
+            ws.abort(run, error, keep_staging=step.resumable and keep)
         if ws is not None:
             if fresh and isinstance(error, InputError):
                 ws.remove_if_unused()  # decided under the lock: never what a concurrent command committed

@@ -61,9 +61,10 @@ def write_bundle(
         if not force:
             raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
         _check_replaceable(out_dir, model_dir)
-    from gencli.core.lm.backbone import check_model_folder
+    from gencli.core.lm.backbone import check_finite_weights, check_model_folder
 
     check_model_folder(model_dir)  # a bundle without weights would only fail where it is used
+    check_finite_weights(model_dir)  # nor with NaN ones (a diverged training): they rank by accident, if at all
     codes = np.asarray(codes, dtype=np.int64)
     staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     if staging.exists():

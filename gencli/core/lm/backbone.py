@@ -188,6 +188,9 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     except Exception as exc:  # transformers raises OSError/ValueError/safetensors errors alike
         raise ArtifactError(f"cannot load the model folder {path} ({type(exc).__name__}: {exc}): it is corrupt or "
                             f"half-written; {fix}") from exc
+    broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if broken:
+        raise non_finite(path, broken)
     if model.config.vocab_size < min_vocab:
         raise ArtifactError(
             f"the model in {path} has {model.config.vocab_size} tokens but sid_vocab.json uses ids up to "
@@ -199,6 +202,39 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def non_finite(path: Path, names: list[str]) -> ArtifactError:
+    """The error for a model folder holding inf or NaN weights (what a diverged training writes): refused by every
+    reader, since such a model only ranks by accident (NaN scores, or the content part of a blend alone)."""
+    return ArtifactError(f"model folder {path} has non-finite weights: {len(names)} tensor(s) hold inf or NaN "
+                         f"({', '.join(names[:3])}), as a diverged training leaves them; {_rerun_hint(path)} "
+                         "(with a lower --lr when it trained)")
+
+
+def check_finite_weights(path: Path) -> None:
+    """:func:`non_finite` unless every tensor of the folder's safetensors weights is finite; read one tensor at a
+    time from the memory-mapped files, so checking a model costs no copy of it (``gencli export``)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    try:
+        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values())) if index.is_file() else []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ArtifactError(f"model folder {path}: {index.name} is not a valid index ({exc}); "
+                            f"{_rerun_hint(path)}") from None
+    files = [path / f for f in files] or [p for p in [path / "model.safetensors"] if p.is_file()]
+    broken = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                broken += [k for k in weights.keys() if not bool(torch.isfinite(weights.get_tensor(k)).all())]
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+            raise ArtifactError(f"cannot read the weights {file} ({type(exc).__name__}: {exc}): it is corrupt or "
+                                f"half-written; {_rerun_hint(path)}") from None
+    if broken:
+        raise non_finite(path, broken)
 
 
 def check_model_folder(path: Path) -> None:
