@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
-from workdirs import EVAL, SFT, refused, run
+from workdirs import EVAL, refused, run
 
 from gencli.cli import cli
 from gencli.errors import EXIT_FAILED
