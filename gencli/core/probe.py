@@ -21,6 +21,7 @@ import numpy as np
 from gencli.config import ProbeConfig
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import parse_json
 
 PROBE_JSON = "probe.json"
 QS = (1, 3, 5)
@@ -263,7 +264,7 @@ def load_probe(workdir: Path) -> dict[str, Any]:
     """A workdir's probe/probe.json; InputError naming the file and the fix when absent or damaged."""
     path = Path(workdir) / "probe" / PROBE_JSON
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path} does not exist; run `gencli probe --workdir {workdir}` first") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -9,12 +9,12 @@ one is not worse (see :mod:`gencli.core.infer.promote`).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from gencli.errors import ArtifactError, GencliError, InputError
+from gencli.fileio import parse_json
 
 
 def resolve_previous(spec: str) -> Path:
@@ -137,7 +137,7 @@ def pin_previous(workdir: Path, previous: Path | None) -> Path | None:
     if not path.is_file():
         return previous
     try:
-        pinned = json.loads(path.read_text(encoding="utf-8"))["previous"]
+        pinned = parse_json(path.read_text(encoding="utf-8"))["previous"]
     except (ValueError, KeyError, TypeError):
         raise InputError(f"{path} is corrupt; delete it (it only records which previous run this workdir was "
                          "built from) and rerun") from None

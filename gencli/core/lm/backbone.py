@@ -36,7 +36,7 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
-from gencli.fileio import follow_umask, sha256_file
+from gencli.fileio import follow_umask, parse_json, sha256_file
 
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
@@ -220,7 +220,7 @@ def check_finite_weights(path: Path) -> None:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     try:
-        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values())) if index.is_file() else []
+        files = sorted(set(parse_json(index.read_text()).get("weight_map", {}).values())) if index.is_file() else []
     except (OSError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"model folder {path}: {index.name} is not a valid index ({exc}); "
                             f"{_rerun_hint(path)}") from None
@@ -272,7 +272,7 @@ def is_causal_lm_folder(path: Path) -> tuple[bool, str]:
     if not config_path.is_file():
         return False, "it has no config.json"
     try:
-        config = json.loads(config_path.read_text())
+        config = parse_json(config_path.read_text())
     except (OSError, ValueError) as exc:
         return False, f"its config.json is not valid JSON ({exc})"
     if not isinstance(config, dict):
