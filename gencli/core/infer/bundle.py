@@ -65,6 +65,9 @@ def write_bundle(
     from gencli import __version__
 
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():  # the --promote link: replacing what it points at would swap a serving bundle in place
+        raise InputError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}), not a bundle folder; export to a "
+                         "new folder, and let `gencli run --promote` move the link")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir} is a file; give a folder path for the bundle")
     if out_dir.is_dir() and any(out_dir.iterdir()):

@@ -128,7 +128,9 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int = TINY_VOCAB_SIZE):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    from gencli.core.data.tables import training_pieces
+
+    tok.train_from_iterator(training_pieces(texts), trainer=trainer)  # bounded: long runs cut (quadratic otherwise)
     unk, bos, eos, pad = TINY_SPECIALS
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos, pad_token=pad, model_max_length=1024
