@@ -140,6 +140,6 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
     if ranking == "auto" and path.is_file():
         try:
             blends = read_blends(parse_json(path.read_text(encoding="utf-8")).get("blends"), str(path))
-        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path} is damaged ({exc}); rerun `gencli {model_step} --force`") from None
+        except (ValueError, AttributeError, UnicodeDecodeError, TypeError, OverflowError) as exc:
+            raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
     return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends)

@@ -58,7 +58,13 @@ class _Background:
                                            ("--read-timeout", "0"), ("--max-connections", "0"),
                                            ("--drain-seconds", "nan")])
 def test_options_are_finite_and_in_range_before_anything_listens(bundles, option, value):
-    r = CliRunner().invoke(cli, ["serve", "--bundle", str(bundles["a"]), "--port", "0", option, value])
+    results = []  # in a thread: a server that accepted the value would serve (and block) instead of exiting
+    thread = threading.Thread(target=lambda: results.append(CliRunner().invoke(
+        cli, ["serve", "--bundle", str(bundles["a"]), "--port", "0", "--device", "cpu", option, value])), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert results, f"gencli serve {option} {value} started serving instead of refusing the value"
+    r = results[0]
     assert r.exit_code == 2 and f"{option} must be" in r.output and "Traceback" not in r.output, r.output
 
 

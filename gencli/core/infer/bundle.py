@@ -369,7 +369,7 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     try:
         vectors = load_npy(file)
     except (ValueError, OSError, EOFError) as exc:
-        raise _bad(path, f"{artifacts.EMBEDDINGS} is corrupt ({exc})") from None
+        raise _bad(path, f"{artifacts.EMBEDDINGS} is corrupt ({_shown(str(exc), 200)})") from None
     if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != len(item_tokens):
         raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
                          f"{vectors.dtype} {vectors.shape}")
@@ -379,8 +379,8 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
         try:
             record = parse_json(blend_file.read_text(encoding="utf-8"))
             blends = read_blends(record.get("blends") if isinstance(record, dict) else record, artifacts.BLEND)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise _bad(path, f"{artifacts.BLEND} is damaged ({exc})") from None
+        except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:  # 1e400 as an int overflows
+            raise _bad(path, f"{artifacts.BLEND} is damaged ({_shown(str(exc), 200)})") from None
     try:
         scorer = ContentScorer(vectors)
     except ValueError as exc:

@@ -135,13 +135,13 @@ def folder_problems(root: Path, files: dict[str, Any]) -> list[str]:
     return found
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, limit: int = 60) -> str:
     """A value of a file as a message may show it: a short plain string as it is, anything else as ASCII JSON cut to
-    60 characters (no newline or escape sequence of a hostile file reaches a terminal or a log)."""
-    if isinstance(value, str) and value.isascii() and _text(value, limit=60):
+    ``limit`` characters (no newline or escape sequence of a hostile file reaches a terminal or a log)."""
+    if isinstance(value, str) and value.isascii() and _text(value, limit=limit):
         return value
     text = json.dumps(value, ensure_ascii=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def users_problems(frame: Any, n_items: int) -> list[str]:
