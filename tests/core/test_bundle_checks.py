@@ -231,3 +231,15 @@ def test_an_npy_header_claiming_more_than_the_file_holds_is_corrupt(b, tmp_path)
     with pytest.raises(ValueError, match="Python objects"):
         load_npy(objects)
     assert os.path.getsize(objects) > 0
+
+
+def test_the_checksum_holds_for_metrics_json_rewrites(made, tmp_path):
+    """Integer keys become strings and NaN stays NaN when gencli.json is read: the checksum is of what is read."""
+    meta = {**{k: v for k, v in _meta(made).items() if k in ("model_id", "source", "decode")},
+            "metrics": {"sft": {10: 0.5, 2: float("nan")}, "curve": (1, 2)}}
+    root = made.parent
+    items = pl.read_parquet(made / bundle.ITEMS)
+    codes = np.array(items["codes"].to_list())
+    bundle.write_bundle(tmp_path / "m", root / "model", root / artifacts.SID_VOCAB, items["item_id"].to_list(),
+                        items["title"].to_list(), codes, meta)
+    assert Recommender.load(tmp_path / "m", device="cpu").metadata["metrics"]["sft"]["10"] == 0.5

@@ -112,6 +112,7 @@ def write_bundle(
             "files": files,
             "sha256": digests,  # checked on load: a bit flip at the same size is caught, not served
         }
+        manifest = json.loads(json.dumps(manifest))  # as a reader will parse it (keys become strings)
         manifest[CHECKSUM] = manifest_digest(manifest)  # and gencli.json itself: an edit is caught, not served
         (staging / BUNDLE_JSON).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if out_dir.exists():

