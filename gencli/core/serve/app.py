@@ -5,15 +5,17 @@
 | ``POST /v1/recommend`` | one history's (or known user's) top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "history_from", "k", "exclude_seen", "bundle"}`` |
 | ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped", "history_from"[, "user_id"]}, ...], "k", "exclude_seen", "bundle"}``, in input order |
 | ``GET /healthz`` | 200 while the process serves HTTP |
-| ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining |
+| ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining, or failed (a server thread died) |
 | ``GET /metrics`` | the Prometheus text format (:class:`ServeMetrics`) |
 
 ``bundle`` is ``{"path", "model_id", "created"}`` of the bundle that answered (also the ``X-Gencli-Model`` header);
 ``skipped`` lists the history ids the catalog does not hold, every occurrence in order (``strict``: a 422
 instead); ``history_from`` is ``request``, or ``bundle`` for a user asked by id (the history its users.parquet
-holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON, 413 a body over
-``--max-body-bytes``, 422 a field of the wrong type or out of range or an unknown id under ``strict``, 404/405 for
-a wrong route or method, 503 with Retry-After when the queue is full or the server drains, 500 a model failure.
+holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON (or no text: a lone
+surrogate), 408 a body slower than ``--read-timeout``, 413 a body over ``--max-body-bytes``, 422 a field of the wrong
+type or out of range or an unknown id under ``strict``, 404/405 for a wrong route or method, 503 with Retry-After when
+the queue is full or the server drains or failed, 500 a model failure. A client that hangs up before its body arrived
+is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its connection.
 """
 
 from __future__ import annotations
