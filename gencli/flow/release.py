@@ -207,8 +207,8 @@ def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int 
     from gencli.core.infer.bundle import write_bundle
     from gencli.core.infer.recommend import DEFAULT_BEAMS, DEFAULT_K
 
-    if max_history < 0:
-        raise InputError(f"--max-history must be >= 0 (got {max_history})")
+    if not 0 <= max_history <= 1_000_000:  # what a bundle's reader accepts (decode.max_history)
+        raise InputError(f"--max-history must be in [0, 1000000] (got {max_history})")
     inputs = recommend_inputs(ws, model_step)
     step = inputs.model_step
     model_dir, vocab_path = inputs.model()
