@@ -69,3 +69,10 @@ def test_a_pointer_to_a_pointer_is_exit_2_naming_both(wd, tmp_path):
     r, p = run(wd, "recommend", "--bundle", str(inner), "--history", "")  # one level: the bundle answers
     assert r.exit_code == 0 and len(p["recommendations"][0]["items"]) == 10, r.output
     refused(wd, "recommend", "--bundle", str(outer), "--history", "", names=[outer, inner, "which is a file"])
+
+
+def test_export_max_history_is_range_checked(wd):
+    out = wd.parent / "b2"
+    refused(wd, "export", str(out), "--max-history", "99999999999999999999", names=["--max-history must be in [0, "
+                                                                                    "1000000]"])
+    assert not out.exists()
