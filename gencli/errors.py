@@ -6,6 +6,10 @@ code below; everything else is a bug and exits 1 with a traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # a step crashed
 EXIT_BAD_INPUT = 2  # the user's input (file, option, artifact) is wrong
@@ -18,6 +22,8 @@ class GencliError(Exception):
     """Base class: an expected failure with a message meant for a person."""
 
     exit_code = EXIT_FAILED
+    resumable = False
+    """True when the work a resumable step finished before the failure (its checkpoints) is kept for a rerun."""
 
 
 class InputError(GencliError):
@@ -45,8 +51,50 @@ class LockedError(GencliError):
     exit_code = EXIT_LOCKED
 
 
+class TrainingDiverged(GencliError):
+    """A training step met a non-finite loss, gradient or weight: it stops before saving or committing anything,
+    so the previous model stays; the checkpoints written before it are kept (exit 1)."""
+
+    exit_code = EXIT_FAILED
+    resumable = True
+
+
 class BrokenModelError(GencliError):
     """The model answers, but not as a trained model can (NaN scores, fewer items than the catalog allows):
     exit 1 with a message saying so, never an empty success."""
 
     exit_code = EXIT_FAILED
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+READ_ONLY = (errno.EROFS,)
+
+
+def storage_error(error: BaseException | None) -> OSError | None:
+    """The full-disk (or quota, or read-only file system) OSError behind ``error``, following the chain of causes
+    (a failed save inside a failed step raises several): the machine's state, not a bug of gencli."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (*NO_SPACE, *READ_ONLY):
+            return error
+        for code in (*NO_SPACE, *READ_ONLY):  # polars and pyarrow report the OS error in their own text
+            if f"(os error {code})" in str(error) or f"[Errno {code}]" in str(error):
+                return OSError(code, os.strerror(code))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def storage_message(error: BaseException, where: Path | str | None = None) -> str | None:
+    """One clear message for a full disk or a read-only file system behind ``error`` (exit 1), naming the file, or
+    ``where`` (the workdir, the output path) when the OSError does not say; None for any other error."""
+    full = storage_error(error)
+    if full is None:
+        return None
+    path = full.filename or where or "the output folder"
+    if full.errno in NO_SPACE:
+        return (f"no space left on the device holding {path} ({full.strerror}): free space there (df -h {path}) and "
+                "rerun the same command; what had finished is kept, and a training or embedding step continues "
+                "from its last checkpoint")
+    return (f"cannot write {path}: the file system is read-only ({full.strerror}); write to a writable folder "
+            "(--workdir, the output path), or remount it read-write")

@@ -1,5 +1,5 @@
-"""File helpers shared by the workspace and the core: a file's sha256, a JSON file replaced atomically, and the
-folder entry made durable. A kill at any instant leaves the old file or the new one, never a mix.
+"""File helpers shared by the workspace and the core: a file's sha256, JSON parsed safely and replaced atomically,
+and the folder entry made durable. A kill at any instant leaves the old file or the new one, never a mix.
 
 File modes follow the process umask (0644 files and 0755 folders under the usual 022), so a service running as
 another account can read what gencli wrote. Two writers do not: ``tempfile.mkstemp`` creates 0600 files, and
@@ -75,6 +75,39 @@ def follow_umask(path: Path) -> None:
                 os.chmod(entry, want)
             except PermissionError:
                 pass
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` for a file's text: nesting too deep for Python's parser (``[[[[...`` thousands deep: a damaged
+    or hostile file, never one gencli wrote) is a :class:`json.JSONDecodeError` like any other malformed JSON, not a
+    RecursionError, so every reader's "not valid JSON: <fix>" message covers it."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to be a gencli file", text[:64], 0) from None
+
+
+def load_npy(path: Path, mmap: bool = False) -> Any:
+    """``np.load`` of a plain ``.npy`` array, its header checked against the file first: a header that claims
+    more data than the file holds (a shape of 1e11 rows), or an object dtype, is a ValueError naming both, not a
+    MemoryError while numpy allocates what the header claims. ``mmap``: read-only, memory-mapped."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)  # numpy bounds the header's own size (10,000 bytes)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError("it holds Python objects, not numbers (refused: loading it would run pickled code)")
+    count = 1
+    for n in shape:
+        count *= int(n)
+    want, have = offset + count * dtype.itemsize, os.path.getsize(path)
+    if want != have:
+        raise ValueError(f"its header claims shape {tuple(shape)} {dtype} ({want:,} bytes), the file holds "
+                         f"{have:,} bytes")
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

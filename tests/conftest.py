@@ -88,6 +88,23 @@ def small_sample(tmp_path_factory) -> SmallSample:
     return SmallSample(folder)
 
 
+@pytest.fixture(scope="session")
+def trained_small(small_sample, tmp_path_factory) -> Path:
+    """A folder holding ``work`` (ingest .. sft on the small sample: 2 sft steps, a checkpoint per step) and
+    ``bundle`` (exported from it). Tests copy it (shutil.copytree) before changing anything."""
+    from workdirs import SFT, run
+
+    root = tmp_path_factory.mktemp("trained")
+    wd = root / "work"
+    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
+                 ["init-vocab", "--model", "tiny"], SFT):
+        r, p = run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    r, _ = run(wd, "export", str(root / "bundle"))
+    assert r.exit_code == 0, r.output
+    return root
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""

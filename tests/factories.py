@@ -147,3 +147,27 @@ def count_items(cfg, inputs, out_dir, progress) -> dict:
     """A step runner that reads only what it declares (ingest) and writes one file."""
     (out_dir / "n.txt").write_text(str(inputs.items().height))
     return {"items": inputs.items().height}
+
+
+def tiny_bundle(root: Path, n_items: int = 40, levels: Sequence[int] = (4, 4, 3), base: int = 30,
+                users: int = 12, embeddings: bool = True) -> Path:
+    """``root/bundle``: a tiny random Qwen3 over an ``n_items`` catalog, written by ``write_bundle`` with
+    ``users`` seeded histories (users.parquet) and, with ``embeddings``, unit item vectors (embeddings.npy)."""
+    from gencli.core.infer import bundle
+
+    offsets = np.cumsum([base, *levels[:-1]])
+    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, levels, strict=True)]
+    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
+                                                        "pad_id": 0, "base_vocab_size": base}))
+    rng = np.random.default_rng(0)
+    codes = np.unique(np.stack([rng.integers(0, k, 8 * n_items) for k in levels], axis=1), axis=0)[:n_items]
+    tiny_qwen3(base + sum(levels)).save_pretrained(root / "model")
+    vectors = rng.normal(size=(n_items, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    histories = ([f"u{u:03d}" for u in range(users)], [rng.integers(0, n_items, u).tolist() for u in range(users)])
+    meta = {"model_id": "sft@0123456789ab", "source": {"model_step": "sft", "steps": {}}, "metrics": {},
+            "decode": {"max_history": 6, "k": 10, "beams": 20, "exclude_seen": True}}
+    bundle.write_bundle(root / "bundle", root / "model", root / artifacts.SID_VOCAB,
+                        [f"i{i:03d}" for i in range(n_items)], [f"Title {i}" for i in range(n_items)], codes, meta,
+                        users=histories, embeddings=vectors if embeddings else None)
+    return root / "bundle"

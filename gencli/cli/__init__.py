@@ -13,6 +13,7 @@ from gencli import __version__, steps
 # command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
 # Nothing heavy is imported until a command runs.
 COMMANDS: dict[str, tuple[str, str]] = steps.commands()
+MAX_THREADS = 4096  # --threads at most (torch refuses absurd counts with a traceback)
 
 
 class LazyGroup(click.Group):
@@ -40,6 +41,8 @@ def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None
         raise click.BadParameter(
             f"{value} is negative; use 0 for torch's default or a positive number of CPU threads"
         )
+    if value is not None and value > MAX_THREADS:
+        raise click.BadParameter(f"{value} is more than {MAX_THREADS}; give the CPU threads a job may use")
     return value
 
 

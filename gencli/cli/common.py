@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError, InputError
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError, InputError, storage_message
 
 JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
 
@@ -42,22 +42,26 @@ def resolve_workdir(workdir: Path | None) -> Path:
     return Path(workdir or default_workdir())
 
 
-def message(error: BaseException, json_mode: bool) -> tuple[int, str]:
-    """(exit code, one clear message) of an error; a traceback only for a bug, and not under --json."""
+def message(error: BaseException, json_mode: bool, where: Path | str | None = None) -> tuple[int, str]:
+    """(exit code, one clear message) of an error; a traceback only for a bug, and not under --json. ``where``: what
+    the command writes (the workdir, an output file), named when a full disk does not say which file it was."""
     if isinstance(error, GencliError):
         return error.exit_code, str(error)
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted; finished steps are kept, rerun to continue"
+    storage = storage_message(error, where)
+    if storage is not None:
+        return EXIT_FAILED, storage
     if os.environ.get("GENCLI_DEBUG") or not json_mode:
         traceback.print_exception(error, file=sys.stderr)
     return EXIT_FAILED, f"unexpected {type(error).__name__}: {error}"
 
 
-def fail(error: BaseException, json_mode: bool) -> None:
-    """Print one clear message and exit with the error's code."""
+def fail(error: BaseException, json_mode: bool, where: Path | str | None = None) -> None:
+    """Print one clear message and exit with the error's code (``where``: see :func:`message`)."""
     from gencli.ui.output import emit_json, print_error
 
-    code, text = message(error, json_mode)
+    code, text = message(error, json_mode, where)
     if json_mode:
         emit_json({"status": "error", "exit_code": code, "error": text})
     print_error(text, code)
@@ -90,7 +94,7 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
     except BaseException as error:  # noqa: BLE001 - every failure becomes a clear message + exit code
         if isinstance(error, SystemExit):
             raise
-        fail(error, json_mode and not follower)
+        fail(error, json_mode and not follower, resolve_workdir(workdir))
     if outcome.status == "follower":
         return {}
     if json_mode:

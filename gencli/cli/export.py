@@ -45,7 +45,7 @@ def export(out_dir, model_step, max_history, users, force, workdir, json_mode):
         check_target(ws, out_dir)
         manifest = export_bundle(ws, out_dir, model_step, max_history, force, users=users)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
-        fail(error, json_mode)
+        fail(error, json_mode, out_dir)
     size = sum(manifest["files"].values())
     if json_mode:
         from gencli.ui.output import emit_json

@@ -70,7 +70,7 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
         if json_mode:
             return
         if isinstance(result, BaseException):
-            code, text = message(result, json_mode)
+            code, text = message(result, json_mode, root)
             print_error(text, code)
             return
         print_step_result(name, result.status, result.metrics, result.seconds, result.dir)
@@ -85,7 +85,7 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
         elif report.failed_step:
             click.echo(f"pipeline stopped at '{report.failed_step}' (exit {report.exit_code})", err=True)
         else:
-            print_error(message(report.error, json_mode)[1], report.exit_code)
+            print_error(message(report.error, json_mode, root)[1], report.exit_code)
         sys.exit(report.exit_code)
     if json_mode:
         emit_json(report.as_json())

@@ -86,7 +86,7 @@ def recommend(users, user_file, history, from_stdin, bundle, output, jsonl_shape
     try:
         result = answer(cfg, query, make_progress(json_mode))
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
-        fail(error, json_mode)
+        fail(error, json_mode, output if output not in (None, "-") else None)
     for line in result.warnings:
         warn(line)
     if result.lines is not None:  # --output -: JSON Lines on stdout

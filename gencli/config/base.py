@@ -31,8 +31,53 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     """A documented field: its default and the help ``--help`` shows. ``cli`` may hold ``choices``, ``option``
     (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
     that have it), ``cli=False`` (not an option), ``path=True`` (a file or folder: a ``gencli run`` TOML gives it
-    relative to the TOML) or ``record=False`` (not a param of ``step.json``: an input file, hashed as an input)."""
+    relative to the TOML), ``record=False`` (not a param of ``step.json``: an input file, hashed as an input) or
+    ``bounds=(low, high)`` (the range of a number, checked with every config: :func:`number_problems`)."""
     return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
+INT_BOUNDS = (-(2**63), 2**63 - 1)  # every int option: torch, numpy and Parquet hold int64
+SEED_BOUNDS = (0, 2**32 - 1)  # numpy's seeds
+
+
+def seed_option(help: str) -> Any:
+    return option(0, help, bounds=SEED_BOUNDS)
+
+
+def number_problems(cfg: Any) -> dict[str, str]:
+    """The one rule every config's numbers follow, whatever the option: a float is finite (``inf`` and ``nan`` parse
+    as floats on a command line and in TOML, and pass a ``> 0`` check), an int fits in int64, and either lies in
+    its declared ``bounds``. Nested configs are checked too. Returns option name -> problem."""
+    import math
+    import typing
+
+    found: dict[str, str] = {}
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        kind, value = hints.get(f.name), getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            found.update(number_problems(value))
+            continue
+        if typing.get_origin(kind) is tuple and isinstance(value, tuple):  # a list option: each of its values
+            kind, values = typing.get_args(kind)[0], value
+        else:
+            values = (value,)
+        if kind not in (int, float):
+            continue
+        name = (f.metadata.get("option") or "--" + f.name.replace("_", "-")).partition("/")[0]
+        low, high = f.metadata.get("bounds", INT_BOUNDS if kind is int else (-math.inf, math.inf))
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # a wrong type is Checks.types' (or click's) to report
+            if isinstance(v, float) and not math.isfinite(v):
+                found[name] = f"{name} must be a finite number (got {v!r})"
+            elif not low <= v <= high:
+                what, show = ("an integer", str) if kind is int else ("a number", "{:g}".format)
+                found[name] = f"{name} must be {what} in [{show(low)}, {show(high)}] (got {v!r})"
+            else:
+                continue
+            break
+    return found
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -75,10 +120,13 @@ MAX_BEAMS = 4096  # one search's beams: past this, one prompt's beams alone outg
 
 
 class Checks:
-    """Collects problems; raises once at the end."""
+    """Collects problems; raises once at the end. Given the config (``Checks(step, self)``), :meth:`done` also
+    applies :func:`number_problems` to every number of it, and drops the other problems of an option that rule
+    already names (``nan`` is not "> 0" either)."""
 
-    def __init__(self, step: str):
+    def __init__(self, step: str, cfg: Any = None):
         self.step = step
+        self.cfg = cfg
         self.problems: list[str] = []
 
     def require(self, ok: bool, problem: str) -> None:
@@ -93,8 +141,10 @@ class Checks:
         self.require(ok, f"--{name} must be {'>= 0' if allow_zero else '> 0'} (got {value!r})")
 
     def done(self) -> None:
-        if self.problems:
-            raise ConfigError(self.step, self.problems)
+        numbers = number_problems(self.cfg) if self.cfg is not None else {}
+        rest = [p for p in self.problems if p.split(" ", 1)[0] not in numbers]
+        if numbers or rest:
+            raise ConfigError(self.step, [*numbers.values(), *rest])
 
     def types(self, cfg: Any) -> None:
         """Raise at once, listing every field whose value is not of its declared plain type (int, float, bool,

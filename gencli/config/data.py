@@ -13,6 +13,7 @@ from gencli.config.base import (
     Checks,
     device_option,
     option,
+    seed_option,
 )
 
 
@@ -41,7 +42,7 @@ class IngestConfig:
                                           "refuse the input.", option="--drop-short-users/--fail-on-short-users")
 
     def __post_init__(self) -> None:
-        c = Checks("ingest")
+        c = Checks("ingest", self)
         c.choice("format", self.format, INGEST_FORMATS)
         c.choice("split", self.split, SPLITS)
         c.positive("user-core", self.user_core, allow_zero=True)
@@ -87,7 +88,7 @@ class EmbedConfig:
                         path=True)
 
     def __post_init__(self) -> None:
-        c = Checks("embed")
+        c = Checks("embed", self)
         c.positive("batch-size", self.batch_size)
         c.positive("chunk-size", self.chunk_size)
         c.positive("dim", self.dim, allow_zero=True)
@@ -109,6 +110,7 @@ MINIBATCH_ABOVE_ROWS = 100_000  # --kmeans auto: mini-batch k-means above this m
 
 
 COLD_COLLAB = ("text", "zero")  # quantize --cold-collab: how an item without co-consumption gets its collab part
+MAX_LEVELS = 64  # quantize --levels at most (each level adds a token to every SID)
 COLLAB = 0.5  # quantize: share of co-consumption in the clustered vectors (research/collab/NOTES.md)
 
 
@@ -117,11 +119,11 @@ class QuantizeConfig:
     """Options of ``gencli quantize`` (residual k-means)."""
 
     levels: int = option(0, "Number of residual levels (0 = one per --codes size; 3 when --codes gives one size).",
-                         record=False)
+                         record=False, bounds=(0, MAX_LEVELS))
     codes: tuple[int, ...] = option((256,), "Codebook size: one number for every level, or one per level "
                                             "(256,256,256).")
     max_iter: int = option(50, "Lloyd iterations per level at most; a level stops early when no label changes.")
-    seed: int = option(0, "Seed of k-means++ initialisation.")
+    seed: int = seed_option("Seed of k-means++ initialisation.")
     batch_size: int = option(65536, "Rows per distance batch (bounds memory on large catalogs).")
     kmeans: str = option("auto", "full: k-means++ on every item, then Lloyd (--max-iter). minibatch: k-means++ on a "
                                  "sample, --minibatch-steps updates of --minibatch-size random items (Sculley), then "
@@ -148,13 +150,13 @@ class QuantizeConfig:
                                      "retraining).", path=True)
 
     def __post_init__(self) -> None:
-        c = Checks("quantize")
+        c = Checks("quantize", self)
         if self.levels == 0:  # recorded as the codes, one size per level
             object.__setattr__(self, "levels", len(self.codes) if len(self.codes) > 1 else 3)
         c.require(self.levels >= 1, f"--levels must be >= 1 (got {self.levels!r})")
         c.require(len(self.codes) in (1, self.levels), f"--codes lists {len(self.codes)} sizes but --levels is "
                   f"{self.levels}; give one size or {self.levels} sizes")
-        if len(self.codes) == 1 and self.levels > 1:  # one size for every level: recorded as one per level
+        if len(self.codes) == 1 and 1 < self.levels <= MAX_LEVELS:  # one size for every level: one per level
             object.__setattr__(self, "codes", tuple(self.codes) * self.levels)
         c.require(all(k >= 2 for k in self.codes), f"every codebook size must be >= 2 (got {list(self.codes)})")
         c.positive("max-iter", self.max_iter)

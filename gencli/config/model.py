@@ -23,6 +23,7 @@ from gencli.config.base import (
     dtype_option,
     model_step_option,
     option,
+    seed_option,
 )
 
 
@@ -36,7 +37,7 @@ class InitVocabConfig:
     projection: str = option("pca", "centroid/gti: map from the embedding dim to the model dim.", choices=PROJECTIONS)
     scale: bool = option(False, "centroid: rescale rows to the base vocabulary's spread.")
     eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
-    seed: int = option(0, "Seeds random init, the isometric map and GTI.")
+    seed: int = seed_option("Seeds random init, the isometric map and GTI.")
     gti_steps: int = option(200, "gti: optimisation steps of the projection.")
     gti_lr: float = option(1e-2, "gti: learning rate of the projection.")
     gti_layer: int = option(-1, "gti: hidden layer to mean-pool (-1 = last).")
@@ -48,7 +49,7 @@ class InitVocabConfig:
                                  "here (initialised by --init); quantize must use that workdir's codebooks.", path=True)
 
     def __post_init__(self) -> None:
-        c = Checks("init-vocab")
+        c = Checks("init-vocab", self)
         c.choice("init", self.init, INIT_METHODS)
         c.choice("projection", self.projection, PROJECTIONS)
         c.positive("eps", self.eps)
@@ -130,8 +131,9 @@ class TrainConfig:
                                 f"of --max-history targets each, fewer, down to {WINDOW_BATCH_MIN}, so that an epoch "
                                 f"has at least {MIN_EPOCH_STEPS} steps).")
     grad_accum: int = option(1, "Micro-batches per optimizer step.")
-    lr: float = option(0.0, f"Peak learning rate (AdamW; 0 = auto: cpt and sft {LR:g}, rl {RL_LR:g}).")
-    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).")
+    lr: float = option(0.0, f"Peak learning rate (AdamW; 0 = auto: cpt and sft {LR:g}, rl {RL_LR:g}).",
+                       bounds=(0, 1e6))
+    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).", bounds=(0, 1e6))
     warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
     schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
     dropout: float = option(0.0, "Dropout on the embeddings, attention probabilities and residual branches while "
@@ -174,12 +176,12 @@ class TrainConfig:
     keep_checkpoints: int = option(2, "Checkpoints kept on disk (the newest).")
     stamp: StampConfig = option(StampConfig(), "STAMP: SAP token pruning and/or MAP's auxiliary loss (training only).",
                                 steps=TRAINING)
-    seed: int = option(0, "Seeds batch order and the validation subsample.")
+    seed: int = seed_option("Seeds batch order and the validation subsample.")
     device: str = device_option()
     dtype: str = dtype_option()
 
     def __post_init__(self) -> None:
-        c = Checks(self.task)
+        c = Checks(self.task, self)
         c.problems += self.stamp.problems()
         c.choice("task", self.task, TRAIN_TASKS)
         c.choice("from", self.start_from, ("sft",) if self.task == "rl" else SFT_STARTS)
@@ -255,7 +257,7 @@ class ProfileConfig:
     device: str = device_option()
 
     def __post_init__(self) -> None:
-        c = Checks("profile")
+        c = Checks("profile", self)
         c.require(len(self.variants) > 0, "--variants must list at least one of " + ", ".join(PROFILE_VARIANTS))
         bad = [v for v in self.variants if v not in PROFILE_VARIANTS]
         c.require(not bad, f"--variants: unknown {', '.join(bad)}; choose from {', '.join(PROFILE_VARIANTS)}")

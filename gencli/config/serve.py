@@ -15,6 +15,7 @@ from gencli.config.base import (
     dtype_option,
     model_step_option,
     option,
+    seed_option,
 )
 from gencli.config.model import SFT_MAX_HISTORY, StampConfig
 
@@ -41,14 +42,14 @@ class EvalConfig:
     max_users: int = option(0, "Evaluate a seeded subsample of users (0 = all).")
     cold_max_train_count: int = option(-1, "cold-eval cohort: targets seen at most this many times as a training "
                                            "target (-1 = plain eval).", cli=False)
-    seed: int = option(0, "Seed of the user subsample.")
+    seed: int = seed_option("Seed of the user subsample.")
     device: str = device_option()
     dtype: str = dtype_option()
     stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap): the whole model prefills "
                                                "only the prompt tokens SAP keeps.")
 
     def __post_init__(self) -> None:
-        c = Checks("eval")
+        c = Checks("eval", self)
         c.problems += self.stamp.problems(window_min=1)
         c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
         c.choice("split", self.split, EVAL_SPLITS)
@@ -94,7 +95,7 @@ class ProbeConfig:
     pictures: bool = option(True, "Write PCA scatters (popularity | category) and a purity bar chart as PNG.")
 
     def __post_init__(self) -> None:
-        c = Checks("probe")
+        c = Checks("probe", self)
         c.positive("level", self.level, allow_zero=True)
         c.positive("m", self.m)
         c.choice("category-rule", self.category_rule, PROBE_CATEGORY_RULES)
@@ -123,7 +124,7 @@ class RecommendConfig:
     stamp: StampConfig = option(StampConfig(), "STAMP at prefill (--prune = stamp.sap), as eval --prune.")
 
     def __post_init__(self) -> None:
-        c = Checks("recommend")
+        c = Checks("recommend", self)
         c.problems += self.stamp.problems(window_min=1)
         c.positive("k", self.k)
         c.positive("beams", self.beams, allow_zero=True)
@@ -159,7 +160,7 @@ class RunConfig:
     keep_bundles: int = option(5, "Bundles kept next to --promote: the newest N and always the promoted one.")
 
     def __post_init__(self) -> None:
-        c = Checks("run")
+        c = Checks("run", self)
         c.types(self)  # TOML top-level keys reach here without click: "abc" is no tolerance
         c.require(0 <= self.promote_tolerance < 1, f"--promote-tolerance must be in [0, 1) (got {self.promote_tolerance})")
         c.positive("promote-users", self.promote_users, allow_zero=True)
@@ -177,7 +178,7 @@ class ServeConfig:
     port: int = option(8080, "TCP port (0 = any free port; the startup line names it).")
     max_batch: int = option(32, "Most histories taken into one batch.")
     max_wait_ms: float = option(5.0, "Under concurrent load, how long a batch waits for more requests (a lone "
-                                     "request never waits).")
+                                     "request never waits).", bounds=(0, 60_000))
     decode_batch: int = option(16, "Histories per pass of the beam search: a batch is sorted by history length and "
                                    "decoded this many at a time (on a CPU 16 decoded faster per history than 8 or 32).")
     queue: int = option(256, "Histories admitted and not yet answered; past it requests get 503 with Retry-After.")
@@ -185,13 +186,21 @@ class ServeConfig:
     max_history_ids: int = option(1000, "Most item ids in one history.")
     max_histories: int = option(64, "Most histories in one batch request.")
     max_body_bytes: int = option(1_000_000, "Largest request body (413 past it).")
-    watch: float = option(10.0, "Seconds between checks of --bundle for a new bundle (0 = only on SIGHUP).")
-    drain_seconds: float = option(30.0, "On SIGTERM, how long requests in flight may take before they are cut.")
+    watch: float = option(10.0, "Seconds between checks of --bundle for a new bundle (0 = only on SIGHUP).",
+                          bounds=(0, 86_400))
+    drain_seconds: float = option(30.0, "On SIGTERM, how long requests in flight may take before they are cut.",
+                                  bounds=(0, 3_600))
+    read_timeout: float = option(10.0, "Seconds a client has to send a request's headers, and again its body; past "
+                                       "them it gets 408 and the connection is closed (a slow client holds nothing).",
+                                 bounds=(0.01, 3_600))
+    max_connections: int = option(512, "Client connections open at once; past it a new connection gets 503 and is "
+                                       "closed (keep it under the open-files limit, ulimit -n).",
+                                  bounds=(1, 1_000_000))
     device: str = device_option()
     dtype: str = dtype_option()
 
     def __post_init__(self) -> None:
-        c = Checks("serve")
+        c = Checks("serve", self)
         c.types(self)
         c.require(bool(self.host), "--host must name an address, e.g. 127.0.0.1")
         c.require(0 <= self.port <= 65535, f"--port must be in [0, 65535] (got {self.port})")

@@ -130,11 +130,10 @@ def trained_history(step: str, record: dict[str, Any]) -> int:
 
 def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_tokens):
     """The :class:`~gencli.core.infer.blend.Ranker` of a model folder (its blend.json when ``ranking`` is auto)."""
-    import json
-
     from gencli.core import artifacts
     from gencli.core.infer.blend import Ranker, first_groups, read_blends
     from gencli.core.infer.content import ContentScorer
+    from gencli.fileio import parse_json
 
     if vectors.shape[0] != len(item_tokens):
         raise ArtifactError(f"embed has vectors for {vectors.shape[0]} items but quantize has SIDs for "
@@ -143,7 +142,7 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
     path = model_folder / artifacts.BLEND
     if ranking == "auto" and path.is_file():
         try:
-            blends = read_blends(json.loads(path.read_text(encoding="utf-8")).get("blends"), str(path))
-        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path} is damaged ({exc}); rerun `gencli {model_step} --force`") from None
+            blends = read_blends(parse_json(path.read_text(encoding="utf-8")).get("blends"), str(path))
+        except (ValueError, AttributeError, UnicodeDecodeError, TypeError, OverflowError) as exc:
+            raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
     return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends)

@@ -21,6 +21,7 @@ import numpy as np
 from gencli.config import ProbeConfig
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import parse_json
 
 PROBE_JSON = "probe.json"
 QS = (1, 3, 5)
@@ -236,10 +237,7 @@ def run(cfg: ProbeConfig, models: Mapping[str, tuple[Path, Sequence[Sequence[int
             if len(ids) != k:
                 raise ArtifactError(f"'{step}' has {len(ids)} SID tokens at level {level} but the quantizer has {k} "
                                     f"codes there; the model and quantize come from different runs: rerun `gencli {step}`")
-            emb = model_rows(model_dir, ids)
-            if not np.isfinite(emb).all():
-                raise ArtifactError(f"{model_dir}: the level-{level} SID rows hold NaN or inf (training diverged); "
-                                    f"rerun `gencli {step} --force` with a lower --lr")
+            emb = model_rows(model_dir, ids)  # the one model loader refuses inf or NaN weights (a diverged run)
             row = {"space": step, **probe_space(emb, used, labelled, cats, counts, m, qs)}
             first = emb if first is None else first
             row["drift"] = float(np.linalg.norm(emb - first) / max(np.linalg.norm(first), 1e-12))
@@ -263,7 +261,7 @@ def load_probe(workdir: Path) -> dict[str, Any]:
     """A workdir's probe/probe.json; InputError naming the file and the fix when absent or damaged."""
     path = Path(workdir) / "probe" / PROBE_JSON
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path} does not exist; run `gencli probe --workdir {workdir}` first") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED, storage_message
 from gencli.flow.plan import Plan
 
 SERVING_STEPS = ("recommend",)
@@ -45,7 +45,8 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         if self.error is not None:
             return {"status": "error", "exit_code": self.exit_code, "failed_step": self.failed_step,
-                    "error": str(self.error), "seconds": round(self.seconds, 2), "steps": self.steps,
+                    "error": storage_message(self.error) or str(self.error), "seconds": round(self.seconds, 2),
+                    "steps": self.steps,
                     "summary": self.summary}
         return {"status": "done", "seconds": round(self.seconds, 2), "steps": self.steps, "results": self.results,
                 **self.extra, "summary": self.summary}
@@ -80,7 +81,7 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
                 raise
             code = EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else getattr(error, "exit_code", EXIT_FAILED)
             entry.update({"seconds": round(time.time() - t0, 2), "status": f"failed (exit {code})",
-                          "exit_code": code, "error": str(error)})
+                          "exit_code": code, "error": storage_message(error, workdir) or str(error)})
             report.steps.append(entry)
             report.error, report.failed_step, report.exit_code = error, name, code
             log_event(f"step {name}: {entry['status']} in {entry['seconds']:.1f} s")

@@ -146,7 +146,7 @@ def _convert(f, value: Any, base: Path) -> tuple[Any, str | None]:
             return wrong
         try:
             return kind(value), None
-        except ValueError:
+        except (ValueError, OverflowError):  # float(10**400) overflows
             return wrong
     if typing.get_origin(kind) is tuple:
         item = typing.get_args(kind)[0]

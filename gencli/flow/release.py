@@ -9,12 +9,12 @@ one is not worse (see :mod:`gencli.core.infer.promote`).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from gencli.errors import ArtifactError, GencliError, InputError
+from gencli.fileio import parse_json
 
 
 def resolve_previous(spec: str) -> Path:
@@ -137,7 +137,7 @@ def pin_previous(workdir: Path, previous: Path | None) -> Path | None:
     if not path.is_file():
         return previous
     try:
-        pinned = json.loads(path.read_text(encoding="utf-8"))["previous"]
+        pinned = parse_json(path.read_text(encoding="utf-8"))["previous"]
     except (ValueError, KeyError, TypeError):
         raise InputError(f"{path} is corrupt; delete it (it only records which previous run this workdir was "
                          "built from) and rerun") from None
@@ -207,8 +207,8 @@ def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int 
     from gencli.core.infer.bundle import write_bundle
     from gencli.core.infer.recommend import DEFAULT_BEAMS, DEFAULT_K
 
-    if max_history < 0:
-        raise InputError(f"--max-history must be >= 0 (got {max_history})")
+    if not 0 <= max_history <= 1_000_000:  # what a bundle's reader accepts (decode.max_history)
+        raise InputError(f"--max-history must be in [0, 1000000] (got {max_history})")
     inputs = recommend_inputs(ws, model_step)
     step = inputs.model_step
     model_dir, vocab_path = inputs.model()

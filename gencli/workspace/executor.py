@@ -8,6 +8,7 @@ folder for the rerun. Under torchrun rank 0 executes and tells the other ranks w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -111,7 +112,9 @@ def execute(step: Step, cfg: Any, workdir: Path, *, force: bool = False, resume:
     except BaseException as error:  # noqa: BLE001 - cleaned up here, reported by the caller
         tell({"exit": getattr(error, "exit_code", EXIT_FAILED)})
         if run is not None and not run.up_to_date:
-            ws.abort(run, error, keep_staging=step.resumable and not isinstance(error, GencliError))
+            keep = not isinstance(error, GencliError) or error.resumable  # a crash or a divergence: resumable
+            with contextlib.suppress(OSError):  # a full disk can fail the failure record too: report the error
+                ws.abort(run, error, keep_staging=step.resumable and keep)
         if ws is not None:
             if fresh and isinstance(error, InputError):
                 ws.remove_if_unused()  # decided under the lock: never what a concurrent command committed

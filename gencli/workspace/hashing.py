@@ -23,9 +23,9 @@ def _rows(path: Path) -> int | None:
 
             return pq.ParquetFile(path).metadata.num_rows
         if path.suffix == ".npy":
-            import numpy as np
+            from gencli.fileio import load_npy
 
-            return int(np.load(path, mmap_mode="r").shape[0])
+            return int(load_npy(path, mmap=True).shape[0])
         if path.suffix == ".jsonl":
             with open(path, "rb") as f:
                 return sum(1 for _ in f)

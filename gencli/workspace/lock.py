@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from gencli.errors import InputError, LockedError
+from gencli.fileio import parse_json
 
 LOCK_NAME = ".lock"
 
@@ -90,7 +91,7 @@ class WorkdirLock:
             except BlockingIOError:
                 text = self.path.read_text() or "{}"
                 try:
-                    return json.loads(text)
+                    return parse_json(text)
                 except json.JSONDecodeError:
                     return {}
             fcntl.flock(fd, fcntl.LOCK_UN)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gencli.errors import ArtifactError
-from gencli.fileio import fsync_dir, write_json_atomic  # noqa: F401 - re-exported: the workspace writes with them
+from gencli.fileio import fsync_dir, parse_json, write_json_atomic  # noqa: F401 - re-exported: the workspace writes with them
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -35,7 +35,7 @@ def read_json(path: Path, what: str) -> Any:
     :class:`ArtifactError` naming the file and the fix (the shape is checked for a manifest and a step record)."""
     fix = _repair_hint(path, what)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ArtifactError(f"{what} {path} is missing; {fix}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -5,75 +5,20 @@ text and refuses a catalog where no item has any."""
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 
 import pytest
 from click.testing import CliRunner
+from workdirs import EVAL, SFT, cut, refused, run
 
 from gencli.cli import cli
-from gencli.errors import EXIT_BAD_INPUT
-
-SFT = ["sft", "--max-steps", "2", "--eval-users", "5", "--save-every", "1", "--keep-checkpoints", "2"]
-EVAL = ["eval", "--beams", "5", "--k", "5", "--max-users", "5"]
-
-
-def _run(workdir, *args):
-    result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"])
-    payload = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
-    return result, payload
-
-
-@pytest.fixture(scope="module")
-def built(small_sample, tmp_path_factory):
-    """ingest .. sft (2 steps, a checkpoint per step) on the small sample, and an exported bundle; tests copy it."""
-    root = tmp_path_factory.mktemp("corrupt")
-    wd = root / "work"
-    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
-                 ["init-vocab", "--model", "tiny"], SFT):
-        r, p = _run(wd, *args)
-        assert r.exit_code == 0 and p["status"] == "done", r.output
-    r, _ = _run(wd, "export", str(root / "bundle"))
-    assert r.exit_code == 0, r.output
-    return root
 
 
 @pytest.fixture
-def wd(built, tmp_path):
-    """A private copy of the built workdir (its bundle next to it)."""
-    shutil.copytree(built, tmp_path / "copy")
+def wd(trained_small, tmp_path):
+    """A private copy of the trained small workdir (its bundle next to it)."""
+    shutil.copytree(trained_small, tmp_path / "copy")
     return tmp_path / "copy" / "work"
-
-
-def _cut(path):
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-
-
-def _refused(wd, *args, names=(), damage=None):
-    """``gencli ARGS`` exits 2 in --json and human mode with one message naming every string in ``names``,
-    without a traceback, with the manifest unchanged and no staging folder of the step left behind.
-    ``damage()``, when given, is called before each of the two runs (for damage the first run clears away)."""
-    if damage:
-        damage()
-    manifest = wd / "manifest.json"
-    before = manifest.read_bytes() if manifest.exists() else None
-    r = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
-    assert r.exit_code == EXIT_BAD_INPUT, r.output
-    lines = r.stdout.strip().splitlines()
-    assert len(lines) == 1, r.stdout  # one JSON object, nothing else on stdout
-    payload = json.loads(lines[0])
-    assert payload["status"] == "error" and payload["exit_code"] == EXIT_BAD_INPUT
-    for name in names:
-        assert str(name) in payload["error"], payload["error"]
-    if damage:
-        damage()
-    human = CliRunner().invoke(cli, [*args, "--workdir", str(wd)])
-    assert human.exit_code == EXIT_BAD_INPUT, human.output
-    assert "Traceback" not in human.output and human.stderr.count("error (exit 2)") == 1, human.output
-    assert (manifest.read_bytes() if manifest.exists() else None) == before
-    assert not (wd / ".staging" / args[0]).exists()
-    return payload["error"]
 
 
 @pytest.mark.parametrize("artifact, command, fix", [
@@ -83,8 +28,8 @@ def _refused(wd, *args, names=(), damage=None):
     ("quantize/sids.parquet", ["recommend", "--force"], "gencli quantize --force"),
 ])
 def test_a_cut_short_parquet_file_names_itself_and_the_step_to_rerun(wd, artifact, command, fix):
-    _cut(wd / artifact)
-    _refused(wd, *command, names=[wd / artifact, fix])
+    cut(wd / artifact)
+    refused(wd, *command, names=[wd / artifact, fix])
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"steps": 3}', '{"version": 1, "steps": 3}',
@@ -92,25 +37,25 @@ def test_a_cut_short_parquet_file_names_itself_and_the_step_to_rerun(wd, artifac
 def test_an_edited_or_cut_short_manifest_is_exit_2_for_a_step_and_for_status(wd, content):
     manifest = wd / "manifest.json"
     if content is None:
-        _cut(manifest)
+        cut(manifest)
     else:
         manifest.write_text(content)
     for command in (["embed"], ["recommend", "--user", "u0001"], ["status"]):
-        _refused(wd, *command, names=[manifest, "gencli ingest"])
+        refused(wd, *command, names=[manifest, "gencli ingest"])
 
 
 def test_a_cut_short_step_json_is_exit_2_for_the_step_that_reads_it(wd):
     intact = (wd / "ingest" / "step.json").read_bytes()
-    _cut(wd / "ingest" / "step.json")
-    _refused(wd, "embed", "--force", names=[wd / "ingest" / "step.json", "gencli ingest --force"])
+    cut(wd / "ingest" / "step.json")
+    refused(wd, "embed", "--force", names=[wd / "ingest" / "step.json", "gencli ingest --force"])
     (wd / "ingest" / "step.json").write_bytes(intact)
     (wd / "sft" / "step.json").write_text('{"status": "done"}')  # valid JSON, wrong shape
-    _refused(wd, *EVAL, names=[wd / "sft" / "step.json", "gencli sft --force"])
+    refused(wd, *EVAL, names=[wd / "sft" / "step.json", "gencli sft --force"])
 
 
 def test_status_shows_an_edited_step_json_as_stale_with_the_fix(wd):
     (wd / "quantize" / "step.json").write_text("[]")
-    r, p = _run(wd, "status")
+    r, p = run(wd, "status")
     assert r.exit_code == 0, r.output
     rows = {row["step"]: row for row in p["steps"]}
     assert rows["quantize"]["state"] == "stale"
@@ -123,8 +68,8 @@ def test_status_shows_an_edited_step_json_as_stale_with_the_fix(wd):
 
 def test_a_deleted_output_names_itself_and_status_says_why_it_is_stale(wd):
     (wd / "quantize" / "token_map.json").unlink()
-    _refused(wd, "init-vocab", "--force", names=[wd / "quantize" / "token_map.json", "gencli quantize --force"])
-    r, p = _run(wd, "status")
+    refused(wd, "init-vocab", "--force", names=[wd / "quantize" / "token_map.json", "gencli quantize --force"])
+    r, p = run(wd, "status")
     quantize = next(row for row in p["steps"] if row["step"] == "quantize")
     assert quantize["state"] == "stale" and "token_map.json is missing" in quantize["stale_reason"]
 
@@ -139,14 +84,14 @@ def _interrupted_sft(wd):
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
 def test_resume_from_a_checkpoint_missing_a_file_is_exit_2(wd, name):
     newest = wd / ".staging" / "sft" / "checkpoints" / "step-000002"
-    _refused(wd, *SFT, "--force", "--resume", names=[newest, name, "gencli sft --force", "without --resume"],
+    refused(wd, *SFT, "--force", "--resume", names=[newest, name, "gencli sft --force", "without --resume"],
              damage=lambda: (_interrupted_sft(wd) / name).unlink())
 
 
 def test_resume_skips_a_checkpoint_without_its_trainer_state(wd):
     newest = _interrupted_sft(wd)
     (newest / "trainer_state.pt").unlink()  # not a checkpoint: resume from the one before
-    r, p = _run(wd, *SFT, "--force", "--resume")
+    r, p = run(wd, *SFT, "--force", "--resume")
     assert r.exit_code == 0, r.output
     assert p["metrics"]["resumed_from_step"] == 1 and p["metrics"]["steps"] == 2
 
@@ -154,15 +99,15 @@ def test_resume_skips_a_checkpoint_without_its_trainer_state(wd):
 @pytest.mark.parametrize("command", [[*EVAL, "--force"], ["recommend", "--force"], ["recommend", "--user", "u0001"]])
 def test_a_model_folder_without_weights_is_exit_2(wd, command):
     (wd / "sft" / "model" / "model.safetensors").unlink()
-    _refused(wd, *command, names=[wd / "sft" / "model", "model.safetensors", "gencli sft --force"])
+    refused(wd, *command, names=[wd / "sft" / "model", "model.safetensors", "gencli sft --force"])
 
 
 def test_sft_from_an_init_vocab_model_without_weights_is_exit_2_and_export_refuses_one(wd):
     (wd / "init-vocab" / "model" / "model.safetensors").unlink()
-    _refused(wd, *SFT, "--force", names=[wd / "init-vocab" / "model", "gencli init-vocab --force"])
+    refused(wd, *SFT, "--force", names=[wd / "init-vocab" / "model", "gencli init-vocab --force"])
     (wd / "sft" / "model" / "model.safetensors").unlink()
     out = wd.parent / "bundle2"
-    _refused(wd, "export", str(out), names=[wd / "sft" / "model", "gencli sft --force"])
+    refused(wd, "export", str(out), names=[wd / "sft" / "model", "gencli sft --force"])
     assert not out.exists() and not list(wd.parent.glob(".bundle2*"))
 
 
@@ -171,15 +116,15 @@ def test_sft_from_an_init_vocab_model_without_weights_is_exit_2_and_export_refus
 def test_a_bundle_missing_a_file_is_exit_2(wd, missing, says):
     bundle = wd.parent / "bundle"
     (bundle / missing).unlink()
-    error = _refused(wd, "recommend", "--bundle", str(bundle), "--history", "", names=[bundle, says])
+    error = refused(wd, "recommend", "--bundle", str(bundle), "--history", "", names=[bundle, says])
     assert "gencli export" in error
 
 
-@pytest.mark.parametrize("cut", [True, False])
-def test_a_cut_short_or_empty_embeddings_file_is_exit_2(wd, cut):
+@pytest.mark.parametrize("short", [True, False])
+def test_a_cut_short_or_empty_embeddings_file_is_exit_2(wd, short):
     path = wd / "embed" / "embeddings.npy"
-    _cut(path) if cut else path.write_bytes(b"")
-    _refused(wd, "quantize", "--levels", "2", "--codes", "4", "--force", names=[path, "gencli embed --force"])
+    cut(path) if short else path.write_bytes(b"")
+    refused(wd, "quantize", "--levels", "2", "--codes", "4", "--force", names=[path, "gencli embed --force"])
 
 
 def _blank_text(src, dst, rows):
@@ -199,7 +144,7 @@ def test_ingest_warns_about_items_without_text(small_sample, tmp_path):
     _blank_text(small_sample.folder / "items.csv", items, rows=[2, 3, 4])
     args = small_sample.ingest_args()
     args[args.index("--items") + 1] = str(items)
-    r, p = _run(tmp_path / "work", *args)
+    r, p = run(tmp_path / "work", *args)
     assert r.exit_code == 0, r.output
     assert p["metrics"]["items_without_text"] == 3
     [warning] = p["metrics"]["warnings"]
@@ -215,6 +160,6 @@ def test_ingest_refuses_a_catalog_without_any_text(small_sample, tmp_path):
     args = small_sample.ingest_args()
     args[args.index("--items") + 1] = str(items)
     wd = tmp_path / "work"
-    error = _refused(wd, *args, names=[items, "title, category, description"])
+    error = refused(wd, *args, names=[items, "title, category, description"])
     assert "no item has any text" in error
     assert not (wd / "ingest").exists() and not (wd / "manifest.json").exists()

@@ -81,6 +81,7 @@ def test_run_passes_threads_to_its_steps(runner, sample_dir, tmp_path, torch_thr
     (["--threads", "-1"], {}, "-1 is negative; use 0 for torch's default"),
     (["--threads", "two"], {}, "'two' is not a valid integer"),
     ([], {"GENCLI_THREADS": "-4"}, "(env var: 'GENCLI_THREADS'): -4 is negative"),
+    (["--threads", "99999999999999999999"], {}, "99999999999999999999 is more than 4096"),
 ])
 def test_bad_thread_count_exits_2(runner, tmp_path, args, env, message):
     from gencli.cli import cli

@@ -177,8 +177,11 @@ def test_timestamps_with_a_zone_are_honoured_and_huge_numbers_refused(tmp_path):
     _, t = ingest(items, inter, tmp_path / "out")
     noon = 1714564800
     assert sorted(t[artifacts.INTERACTIONS]["timestamp"].to_list()) == [noon - 43200, noon - 19800, noon, noon]
-    _, huge = log(tmp_path / "h", ["u1,a,1", "u1,b,1.7e21", "u1,c,3"], header="user_id,item_id,timestamp")
-    assert "timestamp missing or not a number / date at line 3" in fails(items, huge, tmp_path / "o2")
+    _, huge = log(tmp_path / "h", ["u1,a,1", "u1,b,1.7e21", "u1,c,3", "u1,d,99999999999999999999999", "u1,e,x"],
+                  header="user_id,item_id,timestamp")
+    error = fails(items, huge, tmp_path / "o2")  # a number past int64 is out of range, not "not a number"
+    assert "timestamp out of range at lines 3, 5 (a time must be within +-9.2e18 seconds of 1970)" in error
+    assert "timestamp missing or not a number / date at line 6" in error
 
 
 def test_duplicate_header_columns_are_refused_with_their_names(tmp_path):

@@ -207,7 +207,8 @@ def test_run_refuses_diverged_rows(tmp_path):
     rows[3, 1] = np.nan  # one NaN weight in one SID row, as a diverged run leaves
     models = {"sft": model_folder(tmp_path / "sft", [rows])}
     cfg = ProbeConfig(level=0, m=2, category_rule="first", pictures=False)
-    with pytest.raises(ArtifactError, match="SID rows hold NaN or inf .*rerun `gencli sft --force`"):
+    with pytest.raises(ArtifactError, match=r"sft has non-finite weights: 1 tensor\(s\) hold inf or NaN "
+                                            r"\(model.embed_tokens.weight\).*with a lower --lr"):
         probe.run(cfg, models, books, codes, cats, counts, tmp_path / "probe")
     assert not (tmp_path / "probe" / probe.PROBE_JSON).exists()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -181,8 +182,12 @@ def good_bundle(parts, tmp_path):
 
 
 def _edit_json(folder, **changes):
+    """Change gencli.json's fields and its checksum with them (what these tests check lies past the checksum)."""
+    from gencli.core.infer.bundle_check import CHECKSUM, manifest_digest
+
     meta = json.loads((folder / bundle.BUNDLE_JSON).read_text())
     meta.update(changes)
+    meta[CHECKSUM] = manifest_digest(meta)
     (folder / bundle.BUNDLE_JSON).write_text(json.dumps(meta))
 
 
@@ -301,7 +306,13 @@ def test_bundle_paths_are_confined_to_the_bundle(good_bundle, tmp_path):
     _edit_json(good_bundle, files=meta["files"])
     (tmp_path / "outside.safetensors").write_bytes(b"x")
     index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../outside.safetensors"}}
-    (good_bundle / "model" / "model.safetensors.index.json").write_text(json.dumps(index))
+    index_file = good_bundle / "model" / "model.safetensors.index.json"
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ArtifactError, match="model.safetensors.index.json is not listed in gencli.json"):
+        Recommender.load(good_bundle)
+    name = "model/model.safetensors.index.json"  # listed and signed: its weight_map is still confined
+    _edit_json(good_bundle, files={**meta["files"], name: index_file.stat().st_size},
+               sha256={**meta["sha256"], name: hashlib.sha256(index_file.read_bytes()).hexdigest()})
     with pytest.raises(ArtifactError, match="points to weights outside the bundle"):
         Recommender.load(good_bundle)
 

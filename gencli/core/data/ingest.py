@@ -24,6 +24,7 @@ from gencli.core.data.amazon import read_amazon
 from gencli.core.data.movielens import read_movielens
 from gencli.core.data.readers import LINE, MAX_LISTED, Problems, RawTable, read_generic
 from gencli.core.data.split import add_stats, filter_events, index_tables, raise_no_events, split_events
+from gencli.core.data.tables import LONG_TEXT, LONG_WORD, long_text
 from gencli.core.progress import SILENT, Progress
 
 # the item text embed (default template) and the language model read; an item with none of them has no text
@@ -208,6 +209,17 @@ def _check_text(table: RawTable, catalog: pl.DataFrame, problems: Problems, stat
             f"{table.path}: {len(empty)} of {catalog.height} items have no text ({names} all empty) at "
             f"{table.where(empty)}; embed gives them one and the same vector: fill in their {names}"
         )
+    text = [pl.col(c).cast(pl.String).fill_null("") for c in columns]
+    long = _lines(catalog, pl.any_horizontal([long_text(t) for t in text])
+                  | (pl.sum_horizontal([t.str.len_chars() for t in text]) > LONG_TEXT))
+    stats["items_with_long_text"] = len(long)
+    if long:
+        stats["warnings"].append(
+            f"{table.path}: {len(long)} of {catalog.height} items have text over {LONG_TEXT:,} characters or "
+            f"runs of over {LONG_WORD} characters without a space, at {table.where(long)}; the tiny model's "
+            f"tokenizer trains on their first {LONG_TEXT:,} characters, long runs cut into pieces of "
+            f"{LONG_WORD} (its training time grows with the square of a word's length): check those texts"
+        )
 
 
 def _iso_seconds(text: str) -> int | None:
@@ -233,17 +245,26 @@ def _parse_numbers(events: pl.DataFrame, table: RawTable, problems: Problems, st
             # 1.7e21 overflowed the Int64 cast with a traceback: past +-9e18 it is no timestamp, so a bad row
             pl.when(as_float.is_finite() & (as_float.abs() < 9e18)).then(as_float.floor().cast(pl.Int64)),
         )
-        events = events.with_columns(numeric.alias("_ts"))
-        dates = events.filter(pl.col("_ts").is_null() & ~_blank("timestamp"))
+        # a number past +-9.2e18 seconds (or inf) is a number, but no time: say so, rather than "not a number"
+        beyond = (as_float.is_infinite() | (as_float.abs() >= 9e18)).fill_null(False) & numeric.is_null()
+        events = events.with_columns(numeric.alias("_ts"), beyond.alias("_ts_far"))
+        dates = events.filter(pl.col("_ts").is_null() & ~_blank("timestamp") & ~pl.col("_ts_far"))
         if dates.height:  # not numbers: ISO dates / datetimes, seconds since the epoch
             values = dates["timestamp"].str.strip_chars().to_list()
             seconds = {v: _iso_seconds(v) for v in set(values)}
             parsed = dates.select(LINE).with_columns(
                 pl.Series("_date", [seconds[v] for v in values], dtype=pl.Int64))
             events = events.join(parsed, on=LINE, how="left").with_columns(pl.coalesce("_ts", "_date").alias("_ts"))
-        bad = _lines(events, pl.col("_ts").is_null())
+        name = table.source_name("timestamp")
+        far = _lines(events, pl.col("_ts_far"))
+        if far:
+            problems.add(
+                table.path,
+                f"{name} out of range at {table.where(far)} (a time must be within +-9.2e18 seconds of 1970)",
+                f"write {name} as seconds since 1970 (1714564800) or an ISO date (2024-05-01T12:00:00)",
+            )
+        bad = _lines(events, pl.col("_ts").is_null() & ~pl.col("_ts_far"))
         if bad:
-            name = table.source_name("timestamp")
             problems.add(
                 table.path,
                 f"{name} missing or not a number / date at {table.where(bad)}",

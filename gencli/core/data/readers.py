@@ -28,6 +28,7 @@ import polars as pl
 from gencli.core.data.csvlines import ragged_lines, record_start_lines, repeated_header_names
 from gencli.core.data.values import MAX_DEPTH, depth_at_most, to_text
 from gencli.errors import InputError
+from gencli.fileio import parse_json
 
 LINE = "_line"  # where a record starts in its file, as a person counts
 
@@ -339,7 +340,7 @@ def _read_json_array(path: Path, problems: Problems) -> pl.DataFrame | None:
     if text is None:
         return None
     try:
-        values = json.loads(text)
+        values = parse_json(text)
     except json.JSONDecodeError as err:
         problems.add(path, f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}", "fix the JSON syntax")
         return None

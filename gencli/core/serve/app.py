@@ -5,15 +5,17 @@
 | ``POST /v1/recommend`` | one history's (or known user's) top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "history_from", "k", "exclude_seen", "bundle"}`` |
 | ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped", "history_from"[, "user_id"]}, ...], "k", "exclude_seen", "bundle"}``, in input order |
 | ``GET /healthz`` | 200 while the process serves HTTP |
-| ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining |
+| ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining, or failed (a server thread died) |
 | ``GET /metrics`` | the Prometheus text format (:class:`ServeMetrics`) |
 
 ``bundle`` is ``{"path", "model_id", "created"}`` of the bundle that answered (also the ``X-Gencli-Model`` header);
 ``skipped`` lists the history ids the catalog does not hold, every occurrence in order (``strict``: a 422
 instead); ``history_from`` is ``request``, or ``bundle`` for a user asked by id (the history its users.parquet
-holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON, 413 a body over
-``--max-body-bytes``, 422 a field of the wrong type or out of range or an unknown id under ``strict``, 404/405 for
-a wrong route or method, 503 with Retry-After when the queue is full or the server drains, 500 a model failure.
+holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON (or no text: a lone
+surrogate), 408 a body slower than ``--read-timeout``, 413 a body over ``--max-body-bytes``, 422 a field of the wrong
+type or out of range or an unknown id under ``strict``, 404/405 for a wrong route or method, 503 with Retry-After when
+the queue is full or the server drains or failed, 500 a model failure. A client that hangs up before its body arrived
+is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its connection.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -39,13 +41,15 @@ from gencli.errors import InputError
 log = logging.getLogger("gencli.serve")
 RECOMMEND, BATCH = "/v1/recommend", "/v1/recommend/batch"
 MODEL_HEADER = "X-Gencli-Model"
+DISCONNECTED = 499  # what the metrics count for a client that hung up mid-request (nginx's code; never sent)
 
 
 @dataclass
 class State:
-    """What the server tells the app from outside: whether it drains (SIGTERM)."""
+    """What the server tells the app from outside: whether it drains (SIGTERM), or failed (a server thread died)."""
 
     draining: bool = False
+    failed: str | None = None
 
 
 def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: Limits, state: State) -> Starlette:
@@ -55,11 +59,20 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
             raise BadRequest(413, "body", f"the body has {int(length)} bytes; at most {limits.max_body_bytes} are "
                                           "read (--max-body-bytes)")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise BadRequest(413, "body", f"the body is over {limits.max_body_bytes} bytes (--max-body-bytes)")
-            chunks.append(chunk)
+
+        async def read() -> None:
+            nonlocal size
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise BadRequest(413, "body", f"the body is over {limits.max_body_bytes} bytes (--max-body-bytes)")
+                chunks.append(chunk)
+
+        try:  # a client that announces a body and sends it slowly (or never) holds nothing past the deadline
+            await asyncio.wait_for(read(), limits.read_timeout)
+        except asyncio.TimeoutError:
+            raise BadRequest(408, "body", f"the body did not arrive within --read-timeout ({limits.read_timeout:g} s; "
+                                          f"{size} bytes came)", headers={"Connection": "close"}) from None
         return b"".join(chunks)
 
     async def decode(served: Served, query: Query, names: list[str]) -> list[dict[str, Any]]:
@@ -97,6 +110,8 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
         served = holder.current  # one bundle answers the whole request, whatever moves meanwhile
         kind = ""
         try:
+            if state.failed:
+                raise Overloaded(f"the server is stopping: {state.failed}; retry on another instance", retry_after=5)
             if state.draining:
                 raise Overloaded("the server is shutting down; retry on another instance", retry_after=5)
             body = parse_json(await read_body(request))
@@ -116,6 +131,9 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                 payload = {"results": results}
             payload.update(k=query.k, exclude_seen=query.exclude_seen, bundle=served.describe())
             response: Response = JSONResponse(payload, headers={MODEL_HEADER: served.model_id})
+        except ClientDisconnect:  # the client hung up before its body arrived: nobody to answer, no model failure
+            log.info("a client of %s hung up before sending its whole body", endpoint)
+            kind, response = "disconnected", Response(status_code=DISCONNECTED)
         except BadRequest as exc:
             kind, response = "bad_input", JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
         except Overloaded as exc:
@@ -130,6 +148,13 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
             response = JSONResponse(BadRequest(500, None, f"{type(exc).__name__}: {exc}").body(), status_code=500)
         metrics.latency.observe(time.perf_counter() - started, endpoint=endpoint)
         count(endpoint, response.status_code, kind)
+        return closing(response)
+
+    def closing(response: Response) -> Response:
+        """While the server drains, every answer closes its connection: the client takes it and hangs up, rather
+        than sending its next request into a connection about to close (a reset)."""
+        if state.draining:
+            response.headers["Connection"] = "close"
         return response
 
     def count(endpoint: str, status: int, kind: str = "") -> None:
@@ -145,12 +170,15 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
 
     async def healthz(request: Request) -> Response:
         count("/healthz", 200)
-        return JSONResponse({"status": "ok"})
+        return closing(JSONResponse({"status": "ok"}))
 
     async def readyz(request: Request) -> Response:
+        if state.failed:
+            count("/readyz", 503)
+            return closing(JSONResponse({"status": "failed", "reason": state.failed}, status_code=503))
         if state.draining:
             count("/readyz", 503)
-            return JSONResponse({"status": "draining"}, status_code=503)
+            return closing(JSONResponse({"status": "draining"}, status_code=503))
         count("/readyz", 200)
         served = holder.current
         return JSONResponse({"status": "ready", "bundle": served.describe(), "queue": batcher.admitted,
@@ -158,7 +186,7 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
 
     async def metrics_view(request: Request) -> Response:
         count("/metrics", 200)
-        return Response(metrics.registry.render(), media_type=CONTENT_TYPE)
+        return closing(Response(metrics.registry.render(), media_type=CONTENT_TYPE))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -166,8 +194,8 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                         "/readyz or /metrics",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
         count("other", status, "bad_input")
-        return JSONResponse(BadRequest(status, None, message).body(), status_code=status,
-                            headers=getattr(exc, "headers", None))
+        return closing(JSONResponse(BadRequest(status, None, message).body(), status_code=status,
+                                    headers=getattr(exc, "headers", None)))
 
     routes = [Route(RECOMMEND, recommend, methods=["POST"]), Route(BATCH, batch, methods=["POST"]),
               Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"]),

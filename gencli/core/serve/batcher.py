@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,8 +124,12 @@ def near_tie(scores: np.ndarray, rtol: float) -> bool:
 class Batcher:
     """The bounded queue and its one decode thread."""
 
-    def __init__(self, metrics: ServeMetrics, max_batch: int = 32, max_wait_s: float = 0.005, capacity: int = 256):
+    def __init__(self, metrics: ServeMetrics, max_batch: int = 32, max_wait_s: float = 0.005, capacity: int = 256,
+                 on_failure: Callable[[str], None] | None = None):
         self.metrics = metrics
+        self.on_failure = on_failure
+        """Called (from the decode thread) when the thread dies of an unexpected error: the server stops."""
+        self.failed: str | None = None
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.capacity = capacity
@@ -151,7 +155,7 @@ class Batcher:
         for job in jobs:  # running: a client that hangs up cannot cancel it under the decode thread's hands
             job.future.set_running_or_notify_cancel()
         with self._cond:
-            if self._closing:
+            if self._closing or self.failed:
                 raise Overloaded("the server is shutting down; retry on another instance", retry_after=5)
             if self._admitted + len(jobs) > self.capacity:
                 raise Overloaded(f"the queue is full ({self._admitted} of {self.capacity} histories waiting); "
@@ -171,11 +175,25 @@ class Batcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        while True:
-            jobs = self._take()
-            if not jobs:
-                return
-            self._decode(jobs)
+        """Decode until closed. A failure outside a batch's decoding (where each request gets its error) would leave
+        every later request waiting on a thread that is gone: the waiting requests get the error, new ones are
+        refused, and ``on_failure`` tells the server to stop (its supervisor restarts it)."""
+        jobs: list[Job] = []
+        try:
+            while True:
+                jobs = self._take()
+                if not jobs:
+                    return
+                self._decode(jobs)
+        except BaseException as exc:  # noqa: BLE001 - the thread must never die silently
+            reason = f"the decode thread failed ({type(exc).__name__}: {exc})"
+            log.critical("%s; no request can be answered: stopping", reason, exc_info=exc)
+            with self._cond:
+                self.failed = reason
+                left, self._jobs = [job for job in [*jobs, *self._jobs] if not job.future.done()], deque()
+            self._settle(left, error=Overloaded(f"{reason}; retry on another instance", retry_after=5))
+            if self.on_failure is not None:
+                self.on_failure(reason)
 
     def _take(self) -> list[Job]:
         """Block for the next batch; [] once closing and empty."""

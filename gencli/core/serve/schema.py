@@ -21,6 +21,7 @@ default silently applied.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ class Limits:
     max_ids: int = 1000
     max_histories: int = 64
     max_body_bytes: int = 1_000_000
+    read_timeout: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,23 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise BadRequest(400, "body", f"the body is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise BadRequest(400, "body", "the body is nested too deeply to be a request") from None
     except (json.JSONDecodeError, ValueError) as exc:
         detail = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) \
             else str(exc)
         raise BadRequest(400, "body", f"the body is not valid JSON ({detail})") from None
+    if _SURROGATE.search(text):  # "\ud800" parses to a lone surrogate: no text, and no answer could carry it
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(400, "body", f"the body escapes a lone UTF-16 surrogate ({exc.object[exc.start]!r}), "
+                                          "which is not text: send ids as UTF-8 text") from None
+    return value
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _no_constant(name: str) -> Any:

@@ -174,8 +174,10 @@ class Holder:
     """
 
     def __init__(self, path: Path, first: Served, metrics: ServeMetrics, watch_s: float,
-                 load: Callable[..., Served]):
+                 load: Callable[..., Served], on_failure: Callable[[str], None] | None = None):
         self.path = Path(path)
+        self.on_failure = on_failure
+        """Called (from the watcher thread) when it dies of an unexpected error: no swap could happen any more."""
         self.current = first
         self.metrics = metrics
         self.watch_s = watch_s
@@ -211,16 +213,24 @@ class Holder:
         self._wake.set()
 
     def _loop(self) -> None:
-        while not self._stopped:
-            self._wake.wait(self.watch_s if self.watch_s > 0 else None)
-            self._wake.clear()
-            if self._stopped:
-                return
-            forced, self._forced = self._forced, False
-            now = signature(self.path)
-            if forced or (now is not None and now != self._seen):
-                self._seen = now
-                self.reload(reason="SIGHUP" if forced else "the bundle moved")
+        """Watch until stopped. A failure here (outside a reload, whose failures keep the old bundle) would end hot
+        swaps and SIGHUP silently: ``on_failure`` tells the server to stop instead (its supervisor restarts it)."""
+        try:
+            while not self._stopped:
+                self._wake.wait(self.watch_s if self.watch_s > 0 else None)
+                self._wake.clear()
+                if self._stopped:
+                    return
+                forced, self._forced = self._forced, False
+                now = signature(self.path)
+                if forced or (now is not None and now != self._seen):
+                    self._seen = now
+                    self.reload(reason="SIGHUP" if forced else "the bundle moved")
+        except BaseException as exc:  # noqa: BLE001 - the thread must never die silently
+            reason = f"the bundle watcher failed ({type(exc).__name__}: {exc})"
+            log.critical("%s; no new bundle would be loaded: stopping", reason, exc_info=exc)
+            if self.on_failure is not None:
+                self.on_failure(reason)
 
     def reload(self, reason: str = "") -> bool:
         """Load ``path`` beside the current bundle and switch to it; False (old one kept) when it fails."""

@@ -15,13 +15,12 @@ record, leaving only the matrix.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gencli.fileio import write_json_atomic
+from gencli.fileio import parse_json, write_json_atomic
 
 RECORD_SUFFIX = ".progress.json"  # beside the matrix: embeddings.npy -> embeddings.npy.progress.json
 FORMAT = 1
@@ -93,7 +92,7 @@ class MatrixFile:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # missing, or cut short (cannot happen with the atomic write, but never trust it)
         return None
     return value if isinstance(value, dict) else None

@@ -203,10 +203,11 @@ def load_embeddings(step_dir: Path, mmap: bool = False) -> np.ndarray:
     """The embed step's matrix, with a clear error if it is missing or corrupt; ``mmap``: read-only memory-mapped
     (rows are read from disk when used)."""
     from gencli.errors import ArtifactError
+    from gencli.fileio import load_npy
 
     path = step_dir / artifacts.EMBEDDINGS
     try:
-        x = np.load(path, mmap_mode="r" if mmap else None)
+        x = load_npy(path, mmap)
     except FileNotFoundError:
         raise ArtifactError(f"{path} is missing; rerun `gencli embed --force`") from None
     except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file

@@ -14,6 +14,7 @@ import polars as pl
 
 from gencli.core import artifacts
 from gencli.errors import ArtifactError
+from gencli.fileio import parse_json
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def load_token_map(quantize_dir: Path) -> dict[str, Any]:
     """TOKEN_MAP: {"levels": [K_0, .., K_dedup], "tokens": [[names], ...]}."""
     path = Path(quantize_dir) / artifacts.TOKEN_MAP
     try:
-        token_map = json.loads(path.read_text())
+        token_map = parse_json(path.read_text())
     except FileNotFoundError:
         raise ArtifactError(f"{path} is missing; rerun `gencli quantize --force`") from None
     except (ValueError, OSError) as e:

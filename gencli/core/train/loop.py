@@ -65,7 +65,7 @@ from gencli.core.train.step import (
     plan_steps,
     train_step,
 )
-from gencli.errors import InputError
+from gencli.errors import InputError, TrainingDiverged
 
 
 def batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
@@ -157,7 +157,10 @@ def fit(
     while state.global_step < state.max_steps and not state.stopped:
         t0 = time.perf_counter()
         lr = run.optimizer.param_groups[0]["lr"]
-        result = run.step([next(stream) for _ in range(cfg.grad_accum)], loss_fn, control)
+        try:
+            result = run.step([next(stream) for _ in range(cfg.grad_accum)], loss_fn, control)
+        except TrainingDiverged as bad:  # before the update: nothing of this iteration reached the weights
+            raise run.diverged(str(bad), state.global_step + 1) from None
         elapsed = time.perf_counter() - t0
         train_time, total_inputs = train_time + elapsed, total_inputs + result.n_inputs
         for key, value in (("time", elapsed), ("loss", result.loss), ("targets", result.n_targets),
@@ -265,6 +268,7 @@ class _Run:
     def validate(self, evaluate: Callable[[torch.nn.Module], dict[str, Any]], metric: str, best_dir: Path,
                  control: Control) -> dict[str, Any]:
         """Run ``evaluate`` (training RNG untouched), keep the best model in ``best_dir``; the metrics.jsonl record."""
+        self.check_weights()
         state, rng = self.state, rng_state()  # evaluation must not disturb the training RNG streams
         self.model.eval()
         t0 = time.perf_counter()
@@ -286,12 +290,37 @@ class _Run:
 
     def save_checkpoint(self) -> int:
         """Write a complete, atomic checkpoint of this step and keep the newest ``keep_checkpoints`` (rank 0 only)."""
+        self.check_weights()
         if not dist.is_main():
             return self.state.global_step
         save_atomic(self.ckpt_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step:06d}", self._write_checkpoint)
         for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
             shutil.rmtree(old)
         return self.state.global_step
+
+    def check_weights(self) -> None:
+        """Weights are finite before they are evaluated or saved: a step with a finite loss and gradient can still
+        update them to inf or NaN (a huge learning rate), and no checkpoint, ``best/`` or ``model/`` may hold that."""
+        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise self.diverged(f"{len(bad)} weight tensor(s) are inf or NaN ({', '.join(bad[:3])})",
+                                self.state.global_step)
+
+    def diverged(self, what: str, iteration: int) -> TrainingDiverged:
+        """The error that stops a diverged run: which step, which iteration, the likely cause and what is kept."""
+        from gencli.steps import step_order
+
+        out_dir = self.ckpt_dir.parent  # <workdir>/.staging/<step> under the executor
+        step = out_dir.name if out_dir.name in step_order() else "training"
+        lr = self.optimizer.param_groups[0]["lr"]
+        kept = list_checkpoints(self.ckpt_dir)
+        rerun = (f"rerunning the same command resumes from {kept[-1]}" if kept else
+                 "no checkpoint was saved before it, so a rerun starts over")
+        return TrainingDiverged(
+            f"{step} diverged at iteration {iteration} of {self.state.max_steps}: {what}. No weights of it were "
+            f"saved and nothing was committed: the previous {step} model and its manifest entry stay as they were. "
+            f"The likely cause is the learning rate (--lr {self.cfg.lr:g}; {lr:.3g} at this iteration of the "
+            f"schedule): rerun with a lower --lr and --force; {rerun}")
 
     def _write_checkpoint(self, path: Path) -> None:
         self.save_model(path)

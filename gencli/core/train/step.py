@@ -16,6 +16,7 @@ from gencli.core import dist
 from gencli.core.lm.loss import IGNORE_INDEX, LossFn, TokenLoss
 from gencli.core.stamp.loss import StampLoss
 from gencli.core.train.batches import batches_per_epoch
+from gencli.errors import TrainingDiverged
 
 
 def make_loss(stamp: StampConfig, rows: Sequence[int] | None = None) -> LossFn:
@@ -83,7 +84,9 @@ def train_step(
     """One optimizer step over ``micro`` batches: forward/backward, unscale, clip, update, zero the gradients.
 
     The one training step of :func:`fit` and of ``gencli profile``. ``before_update`` runs between clipping and
-    the update (callbacks' ``on_pre_optimizer_step``); ``clock`` also gets an "optimizer" phase at the end.
+    the update (callbacks' ``on_pre_optimizer_step``); ``clock`` also gets an "optimizer" phase at the end. A
+    non-finite loss or gradient norm raises :class:`TrainingDiverged` before the update: the weights stay as they
+    were.
     """
     n_targets = sum(int((b["targets"] != IGNORE_INDEX).sum()) for b in micro)
     # a rank's filler batch (no rows of its own, see loop.local_batch) has no targets and counts no inputs
@@ -97,6 +100,10 @@ def train_step(
     scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf")))
+    # fp16's scaler skips a step with inf gradients by design; anything else non-finite would poison the weights
+    if not math.isfinite(loss) or not (math.isfinite(grad_norm) or scaler.is_enabled()):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingDiverged(f"the training loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
     if before_update is not None:
         before_update()
     scaler.step(optimizer)
