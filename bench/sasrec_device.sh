@@ -10,12 +10,13 @@
 #
 # The machine needs python3 with torch (CUDA) and RecBole importable (recbole==1.2.1, colorlog, texttable: what
 # the runner imports beyond numpy, pandas, scipy, scikit-learn, pyyaml, tensorboard, psutil and tqdm). The runner
-# takes NumPy 2 and pandas >= 2.2 (bench/recbole_runner.py). DEVICE=cpu EPOCHS=1 is a dry run on a CPU.
+# takes NumPy 2 and pandas >= 2.2 (bench/recbole_runner.py). DEVICE=cpu EPOCHS=1 is a dry run on a CPU; PYTHON picks
+# the interpreter (default python3).
 set -uo pipefail
 ROOT=${1:?folder holding DATASET/split-DIGEST/gencli_DATASET (bench/.cache/baselines)}
 OUT=${2:-${OUT:?output folder (or set OUT)}}
 SEEDS=${3:-0,1,2}
-DEVICE=${DEVICE:-cuda}; EPOCHS=${EPOCHS:-0}
+DEVICE=${DEVICE:-cuda}; EPOCHS=${EPOCHS:-0}; PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 pids=()
@@ -25,7 +26,7 @@ for split in "$ROOT"/*/split-*/; do
   dest="$OUT/$dataset/$(basename "$split")"
   mkdir -p "$dest"
   for seed in ${SEEDS//,/ }; do
-    python3 "$HERE/recbole_runner.py" --data "$split" --dataset "gencli_$dataset" --seed "$seed" --device "$DEVICE" \
+    "$PYTHON" "$HERE/recbole_runner.py" --data "$split" --dataset "gencli_$dataset" --seed "$seed" --device "$DEVICE" \
       --epochs "$EPOCHS" --out "$dest/sasrec-e$EPOCHS-s$seed.json" >"$dest/sasrec-e$EPOCHS-s$seed.log" 2>&1 &
     pids+=("$!")
   done

@@ -78,3 +78,24 @@ def test_recbole_runner_needs_no_gencli():
     """bench/recbole_runner.py runs in the RecBole venv, where gencli is not installed."""
     text = (BENCH / "recbole_runner.py").read_text(encoding="utf-8")
     assert not re.search(r"^\s*(from|import)\s+(gencli|polars|common)\b", text, re.M)
+
+
+def test_sasrec_device_script_runs_every_split_and_seed_and_fails_loudly(baselines, tmp_path):
+    """bench/sasrec_device.sh starts the runner for every exported split and seed, writes each log where
+    baselines.py looks for the result, and exits 1 when a run fails (here: no RecBole in gencli's environment)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "baselines"
+    for dataset in ("toy", "other"):
+        baselines.export_split(SPLIT, root / dataset, f"gencli_{dataset}")
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "EPOCHS": "1", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(BENCH / "sasrec_device.sh"), str(root), str(out), "0,2"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    logs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.log"))
+    digest = next((root / "toy").glob("split-*")).name
+    assert logs == sorted(f"{d}/{digest}/sasrec-e1-s{s}.log" for d in ("toy", "other") for s in (0, 2))
+    assert all("recbole" in p.read_text() for p in out.rglob("*.log"))  # the runner's import of RecBole failed
