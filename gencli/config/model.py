@@ -105,6 +105,8 @@ SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; pati
 EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
 EVAL_USERS = 500  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
+DROPOUT = 0.1  # sft's: on sparse logs it generalises (docs/benchmarks.md, the model alone against SASRec)
+AVERAGE = 3  # checkpoints the validated average may hold: the best and the two that patience validated after it
 BATCH = 32  # samples per micro-batch with --batch-size 0 (cpt, sft prefixes, sft windows on larger logs); also
 # sft's validation decode batch
 WINDOW_BATCH_MIN = 8  # sft windows on small logs: fewer windows per batch (each holds up to 25 targets at history 50)
@@ -136,8 +138,8 @@ class TrainConfig:
     weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).", bounds=(0, 1e6))
     warmup_ratio: float = option(0.05, "Share of the steps spent warming the learning rate up linearly.")
     schedule: str = option("cosine", "Learning-rate decay after warmup.", choices=SCHEDULES)
-    dropout: float = option(0.0, "Dropout on the embeddings, attention probabilities and residual branches while "
-                                 "training (the saved model has none).", steps=VALIDATED)
+    dropout: float = option(DROPOUT, "Dropout on the embeddings, attention probabilities and residual branches while "
+                                     "training (the saved model has none).", steps=("sft",))
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this (0 = no clipping; it is still logged).")
     max_history: int = option(SFT_MAX_HISTORY, "Last N history items per sample.", steps=("sft",))
     max_prefixes: int = option(0, "At most N training targets per user, the latest (0 = all).", steps=("sft",))
@@ -157,6 +159,9 @@ class TrainConfig:
     eval_beams: int = option(10, "Beam width of the validation search (sft >= 5, rl >= 10).", steps=VALIDATED)
     patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft: Recall@5, rl: "
                                      "NDCG@10 of the served ranking; 0 = off).", steps=VALIDATED)
+    average: int = option(AVERAGE, "Average the best checkpoint with up to N - 1 other validated checkpoints still on "
+                                   "disk (--keep-checkpoints), best first, each kept only when validation does not "
+                                   "fall (1 = the best checkpoint alone).", steps=VALIDATED)
     method: str = option(RL_METHODS[0], "rl: dpo (the target preferred to the --negatives wrong items the search "
                                         "ranked highest) or grpo (group-normalised rewards over the --rollouts).",
                          choices=RL_METHODS, steps=("rl",))
@@ -215,6 +220,7 @@ class TrainConfig:
         c.positive("save-every", self.save_every, allow_zero=True)
         c.positive("log-every", self.log_every)
         c.positive("keep-checkpoints", self.keep_checkpoints)
+        c.positive("average", self.average)
         c.choice("device", self.device, DEVICES)
         c.choice("dtype", self.dtype, DTYPES)
         c.done()

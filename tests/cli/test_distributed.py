@@ -87,6 +87,36 @@ def test_two_processes_match_one(vocab_workdir, tmp_path):
     assert not list(scratch.glob("gencli-rank*"))  # the other rank's scratch folders are gone
 
 
+def test_rl_two_processes_match_one(vocab_workdir, tmp_path):
+    """rl under torchrun: each rank rolls out its own rows of the global batch and DDP averages the gradients, so
+    the weights are one process's within the sft tolerance and the validations (one decode, split and gathered)
+    agree."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    base = tmp_path / "base"
+    shutil.copytree(vocab_workdir, base)
+    ok(gencli(SFT, base, scratch))
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    shutil.copytree(base, single)
+    shutil.copytree(base, multi)
+    rl = ["rl", "--max-steps", "4", "--batch-size", "6", "--eval-every", "2", "--eval-users", "0", "--rollouts", "4",
+          "--negatives", "2", "--average", "1", "--seed", "0"]
+    one, two = ok(gencli(rl, single, scratch))["metrics"], ok(gencli(rl, multi, scratch, nproc=2))["metrics"]
+    assert two["steps"] == one["steps"] == 4 and two["prompts"] == one["prompts"]
+    assert [s for s, _ in two["valid_curve"]] == [0, 2, 4]
+    assert two["valid_curve"][0] == one["valid_curve"][0]  # sft's model, validated before the first update
+    assert two["train_loss"] == pytest.approx(one["train_loss"], rel=1e-4)
+    a = load_file_of(single / "rl" / "checkpoints" / "step-000004")
+    b = load_file_of(multi / "rl" / "checkpoints" / "step-000004")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= WEIGHT_TOLERANCE
+
+
+def load_file_of(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
 def test_rank_without_rows_and_single_process_steps(vocab_workdir, tmp_path):
     """A global batch of 1 leaves rank 1 without rows every step: it joins with zero gradients, and the result is
     still one process's; a step that only runs in one process refuses torchrun with exit 2 on rank 0."""

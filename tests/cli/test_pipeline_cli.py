@@ -21,7 +21,7 @@ from gencli.cli import cli
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 
 PIPELINE = f"""
-steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval"]
+steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
 [ingest]
 items = "{SAMPLE / 'items.csv'}"
 interactions = "{SAMPLE / 'interactions.csv'}"
@@ -41,6 +41,13 @@ eval-every = 6
 eval-users = 20
 eval-beams = 5
 max-history = 5
+[rl]
+max-steps = 4
+batch-size = 8
+eval-every = 2
+eval-users = 20
+rollouts = 4
+negatives = 2
 [eval]
 beams = 5
 k = "1,5"
@@ -71,11 +78,13 @@ def piped(embedded_workdir, tmp_path_factory):
 
 def test_run_trains_and_evaluates_end_to_end(piped):
     _, wd, _, summary = piped
-    assert [s["step"] for s in summary["steps"]] == ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval",
-                                                    "cold-eval"]
+    assert [s["step"] for s in summary["steps"]] == ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl",
+                                                    "eval", "cold-eval"]
     ev = summary["results"]["eval"]
-    assert ev["model_step"] == "sft" and ev["overall"]["users"] == 40
-    assert ev["max_history"] == 5  # eval prompts default to the history length sft trained with
+    assert ev["model_step"] == "rl" and ev["overall"]["users"] == 40  # auto: the most trained model
+    assert ev["max_history"] == 5  # eval prompts default to the history length sft trained with (rl keeps it)
+    rl = json.loads((wd / "rl" / "step.json").read_text())["metrics"]
+    assert rl["started_from"] == "sft" and rl["max_history"] == 5 and [s for s, _ in rl["valid_curve"]] == [0, 2, 4]
     assert 0 <= ev["overall"]["recall@1"] <= ev["overall"]["recall@5"] <= 1
     cold = summary["results"]["cold-eval"]
     assert cold["cohort_size"] == cold["overall"]["users"] > 0
@@ -104,7 +113,7 @@ def test_rerun_skips_everything(piped):
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0
     statuses = [s["status"] for s in json.loads(result.stdout)["steps"]]  # one JSON object
-    assert statuses == ["up-to-date"] * 8
+    assert statuses == ["up-to-date"] * 9
     assert (wd / "manifest.json").read_bytes() == manifest
 
 
@@ -116,7 +125,7 @@ def test_override_reruns_from_the_changed_step(piped, tmp_path):
                                       "--set", "sft.max-steps=6"])
     assert result.exit_code == 0, result.output
     statuses = [s["status"] for s in json.loads(result.stdout)["steps"]]
-    assert statuses == ["up-to-date"] * 3 + ["done"] * 5
+    assert statuses == ["up-to-date"] * 3 + ["done"] * 6
     assert json.loads((wd / "init-vocab" / "step.json").read_text())["params"]["init"] == "mean"
 
 
@@ -144,6 +153,45 @@ def test_top_level_keys_of_the_wrong_type_are_exit_2_before_any_step(tmp_path, l
 def _sft_args(wd: Path) -> list[str]:
     return ["sft", "--workdir", str(wd), "--json", "--max-steps", "16", "--save-every", "2", "--batch-size", "16",
             "--eval-every", "8", "--eval-users", "20", "--eval-beams", "5", "--max-history", "5", "--device", "cpu"]
+
+
+def _rl_args(wd: Path) -> list[str]:
+    return ["rl", "--workdir", str(wd), "--json", "--max-steps", "12", "--save-every", "1", "--batch-size", "8",
+            "--eval-every", "6", "--eval-users", "20", "--rollouts", "4", "--negatives", "2", "--device", "cpu"]
+
+
+@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/test_engine.py
+def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
+    """SIGKILL an rl mid-run and rerun the same command: the metrics and weights of an uninterrupted run."""
+    _, wd0, _, _ = piped
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    for wd in (straight, killed):
+        shutil.copytree(wd0, wd)
+    env = {**os.environ, "CI": "1"}
+    ok = subprocess.run([sys.executable, "-m", "gencli", *_rl_args(straight), "--force"], capture_output=True,
+                        text=True, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stderr
+    expected = json.loads(ok.stdout.strip().splitlines()[-1])["metrics"]
+    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_rl_args(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = killed / ".staging" / "rl" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.exists() and any(p.name.startswith("step-") and int(p.name[5:]) >= 7 for p in ckpts.iterdir()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "rl finished before it could be killed; make the run longer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run([sys.executable, "-m", "gencli", *_rl_args(killed)], capture_output=True,
+                             text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    got = json.loads(resumed.stdout.strip().splitlines()[-1])["metrics"]
+    assert got["resumed_from_step"] >= 7
+    for key in ("train_loss", "start_ndcg@10", "peak_ndcg@10", "peak_step", "valid_curve", "steps", "average"):
+        assert got[key] == expected[key], key
+    for name in ("model.safetensors", "config.json"):
+        assert (killed / "rl" / "model" / name).read_bytes() == (straight / "rl" / "model" / name).read_bytes()
 
 
 @pytest.mark.slow  # ~30 s of subprocesses; tests/core/test_engine.py's resume tests cover the engine in-process

@@ -19,7 +19,7 @@ from gencli.core.infer.promote import decide
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft"]
+PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "rl"]
 [ingest]
 items = "data/items.csv"
 interactions = "data/interactions.csv"
@@ -35,6 +35,12 @@ max-steps = 2
 batch-size = 8
 eval-users = 10
 eval-beams = 5
+[rl]
+max-steps = 2
+batch-size = 4
+eval-users = 10
+rollouts = 4
+negatives = 2
 """
 DAY1_ITEMS = 30
 EDITED = "i0003"
@@ -92,7 +98,7 @@ def two_days(small_sample, tmp_path_factory):
 def test_run_json_is_one_object_with_every_step(two_days):
     _, _, (_, day1), _ = two_days
     assert day1["status"] == "done"
-    assert [s["step"] for s in day1["steps"]] == ["ingest", "embed", "quantize", "init-vocab", "sft"]
+    assert [s["step"] for s in day1["steps"]] == ["ingest", "embed", "quantize", "init-vocab", "sft", "rl"]
     assert all(s["status"] == "done" and "metrics" in s for s in day1["steps"])
 
 
@@ -122,17 +128,17 @@ def test_reused_vectors_are_the_previous_ones_exactly(two_days):
     assert not np.array_equal(x2[ids2.index(EDITED)], x1[row1[EDITED]])
 
 
-def test_init_vocab_warm_starts_from_the_previous_sft_model(two_days):
+def test_init_vocab_warm_starts_from_the_previous_most_trained_model(two_days):
     root, _, _, (_, day2) = two_days
     init = next(s for s in day2["steps"] if s["step"] == "init-vocab")["metrics"]
-    assert init["method"] == "warm_start" and init["warm_start_from"] == str((root / "day1" / "sft").resolve())
-    prev = load_file(root / "day1" / "sft" / "model" / "model.safetensors")
+    assert init["method"] == "warm_start" and init["warm_start_from"] == str((root / "day1" / "rl").resolve())
+    prev = load_file(root / "day1" / "rl" / "model" / "model.safetensors")
     warm = load_file(root / "day2" / "init-vocab" / "model" / "model.safetensors")
     key = "model.embed_tokens.weight"
     n = prev[key].shape[0]
     assert warm[key].shape[0] == n + init["n_new_tokens"]
     assert bool((warm[key][:n] == prev[key]).all())  # every trained row, SID rows included, carried over
-    vocab1 = json.loads((root / "day1" / "sft" / "sid_vocab.json").read_text())
+    vocab1 = json.loads((root / "day1" / "rl" / "sid_vocab.json").read_text())
     vocab2 = json.loads((root / "day2" / "init-vocab" / "sid_vocab.json").read_text())
     assert all(vocab2["token_ids"][lv][: len(ids)] == ids for lv, ids in enumerate(vocab1["token_ids"]))
 
@@ -141,6 +147,8 @@ def test_promotion_follows_the_documented_rule(two_days):
     root, link, (r1, day1), (r2, day2) = two_days
     first, second = day1["promotion"], day2["promotion"]
     assert first["promoted"] and first["reason"] == "nothing promoted yet"
+    bundle = json.loads((root / first["bundle"] / "gencli.json").read_text())
+    assert bundle["model_id"].startswith("rl@")  # the most trained model is what is exported and served
     new, cur = second["new"]["recall@10"], second["current_scores"]["recall@10"]
     assert second["promoted"] == (new >= cur * (1 - 0.05))
     assert r2.exit_code == (0 if second["promoted"] else 4)

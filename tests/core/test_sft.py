@@ -72,7 +72,15 @@ def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     assert all(ln["tokens_per_s"] > 0 for ln in lines if ln["kind"] == "train")
     best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
-    assert all(torch.equal(best[k], final[k]) for k in best)
+    average = metrics["average"]  # the other validated checkpoint was tried in an average with the best
+    assert [t["step"] for t in average["tried"]] == [s for s in (2, 4) if s != metrics["peak_step"]]
+    members = [out / artifacts.BEST_DIR] + [out / artifacts.CHECKPOINTS / f"step-{t['step']:06d}"
+                                            for t in average["tried"] if t["kept"]]
+    states = [Qwen3ForCausalLM.from_pretrained(m).state_dict() for m in members]
+    assert average["members"] == len(members)
+    for k in best:  # the final model is the best checkpoint, or the exact mean of the kept ones
+        mean = sum(s[k].double() for s in states) / len(states)
+        torch.testing.assert_close(final[k].double(), mean, rtol=0, atol=1e-6)
     written = json.loads((out / artifacts.SID_VOCAB).read_text())
     assert written.pop("softmax") == ("sid" if cfg.sid_softmax else "full")
     assert written == json.loads(vocab_path.read_text())

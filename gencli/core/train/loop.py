@@ -40,6 +40,7 @@ from gencli.core.lm.loss import IGNORE_INDEX, LossFn
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import Examples, batches_per_epoch, collate, epoch_batches
+from gencli.core.train import soup
 from gencli.core.train.callbacks import Control, StepPlan, TrainState, fire
 from gencli.core.train.checkpoints import (
     CHECKPOINT_PREFIX,
@@ -113,7 +114,8 @@ def fit(
 
     ``param_groups`` default to every trainable parameter (decay on matrices only).
     ``evaluate(model) -> metrics`` runs when the control asks for it; the best value of
-    ``metrics[metric]`` is kept in ``best/`` and becomes ``model/`` at the end. ``resume``
+    ``metrics[metric]`` is kept in ``best/`` and becomes ``model/`` at the end, or with ``cfg.average`` > 1 the
+    validated average of it and later checkpoints (:mod:`gencli.core.train.soup`). ``resume``
     continues from the last complete checkpoint in ``out_dir/checkpoints`` (a fresh start when
     there is none). ``evaluate_first`` validates the start model before the first step (a fresh run), so it is a
     candidate for ``best/`` too: a stage that must never end worse than where it started (rl). Returns a
@@ -187,11 +189,21 @@ def fit(
     if state.global_step != saved_step:  # the last state is always resumable
         run.save_checkpoint()
     fire(run.callbacks, "on_train_end", state, control)
-    log.close()
 
     best = out_dir / artifacts.BEST_DIR
+    averaged = None
+    if evaluate is not None and cfg.average > 1 and best.is_dir() and state.best_step is not None:
+        pool = soup.candidates(ckpt_dir, state.evals, metric, state.best_step)
+        if pool:  # validation ran: the final model is the best checkpoint, or a validated average around it
+            t0 = time.perf_counter()
+            averaged = soup.greedy_soup(model, evaluate, metric, best, state.best_metric, pool, cfg.average)
+            valid_time += time.perf_counter() - t0
+            log.write({"kind": "average", "step": state.global_step, **averaged})
+    log.close()
     if not dist.is_main():  # under torchrun, rank 0 writes the model
         pass
+    elif averaged is not None and averaged["members"] > 1:
+        save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
     elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
         save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
     else:
@@ -212,6 +224,7 @@ def fit(
         "best_step": state.best_step,
         f"best_{metric}": state.best_metric,
         "evals": state.evals,
+        "average": averaged,  # the checkpoint average (soup) tried after training, None when there was none
         "resumed_from_step": None if resumed_from is None else checkpoint_step(resumed_from),
     }
 

@@ -28,7 +28,6 @@ from gencli.core.infer.blend import Ranker, first_groups
 from gencli.core.infer.content import ContentScorer
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
@@ -73,7 +72,6 @@ def run(
     device = resolve_device(cfg.device)
     model, tokenizer = load_model(model_dir, device, torch.float32)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    add_dropout(model, cfg.dropout)  # the policy's training passes only: rollouts and the reference run without
     rows = sid_rows(vocab) if vocab.softmax == "sid" else None
     loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
                           cfg.negatives, cfg.beta, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
