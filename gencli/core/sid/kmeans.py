@@ -1,8 +1,8 @@
-"""Batched k-means in torch (CPU or CUDA): greedy k-means++ seeding and Lloyd iterations.
+"""Batched k-means kernels in torch (CPU or CUDA): nearest-centroid blocks, greedy k-means++ seeding, samples.
 
-The kernel behind :mod:`gencli.core.sid.quantize`. Squared distances are computed as
-``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` + ``min``
-per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
+The kernels behind :mod:`gencli.core.sid.lloyd` (full mode) and :mod:`gencli.core.sid.minibatch`. Squared
+distances are computed as ``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` +
+``min`` per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
 K = 4096 fits). ``||u||^2`` does not change the argmin, so it is added to the n minima only.
 
 Determinism: all randomness comes from one CPU ``torch.Generator`` (so a seed gives the same
@@ -30,12 +30,14 @@ Advance = Callable[[int], None]
 # most) instead of one small matmul per centroid: hundreds of tiny BLAS calls cost more than the
 # arithmetic, badly so when other processes share the cores and each threaded call waits for them.
 GRAM_MAX_ROWS = 4096
-# Full mode seeds from a uniform sample of this many rows per code, at least SEED_MIN_ROWS (all rows up to that):
-# greedy k-means++ costs k x (2 + ln k) distance columns over the rows it sees, more than the Lloyd iterations
-# that follow, and the sample's seeds end within 0.5% of the reconstruction error of seeding from every row
-# (docs/benchmarks.md, quantize).
+# Full mode (gencli.core.sid.lloyd) seeds k-means++ from a uniform sample of this many rows per code, at least
+# SEED_MIN_ROWS (every row up to that), and runs Lloyd on a sample of WARM_ROWS_PER_CODE rows per code (holding
+# the seed sample) before every row: greedy k-means++ costs k x (2 + ln k) distance columns over the rows it sees,
+# more than all the Lloyd iterations after it when it sees every row; seeded and warmed this way, the
+# reconstruction error ends within +-0.3% of seeding from every row (docs/benchmarks.md, quantize).
 SEED_MIN_ROWS = GRAM_MAX_ROWS
-SEED_ROWS_PER_CODE = 32
+SEED_ROWS_PER_CODE = 16
+WARM_ROWS_PER_CODE = 32
 
 
 @dataclass
@@ -130,150 +132,6 @@ def _sqdist_to_rows(
     return out.add_(u_sqnorm[:, None]).clamp_min_(0.0)
 
 
-def lloyd(
-    u: torch.Tensor,
-    centers: torch.Tensor,
-    max_iter: int,
-    batch_size: int,
-    u_sqnorm: torch.Tensor,
-    advance: Advance | None = None,
-) -> KMeansResult:
-    """Lloyd iterations from ``centers`` until no label changes or ``max_iter``.
-
-    One iteration = E-step (assign every row to its nearest centroid) + M-step (centroid = mean of
-    its rows). The fit stops when an E-step changes no label (the centroids are then already their
-    means). The returned labels come from one last full pass of :func:`nearest` over the returned
-    centroids, so they are exactly what :func:`nearest` (and ``quantize.assign``) gives for them.
-
-    E-steps after the first skip the rows whose label cannot change (Hamerly's bounds, "Making
-    k-means even faster", SDM 2010): each row keeps an upper bound on the distance to its centroid
-    and a lower bound on the distance to every other one; after an M-step the upper bound grows by
-    how far its own centroid moved and the lower bound shrinks by the largest move of the others.
-    A row is looked at again only when its upper bound exceeds its lower bound: first its distance to
-    its own centroid is computed exactly, and only when that still exceeds the lower bound are all
-    its distances computed. Barring ties within float rounding, the labels are those of a full
-    E-step, so the fit is Lloyd's; on clustered data most rows stop moving after a few iterations.
-
-    Empty clusters: after an M-step, each empty cluster is re-seeded with one of the points
-    farthest from their assigned centroid (the i-th empty cluster, in index order, gets the i-th
-    farthest point; ties by row index), so nothing depends on chance.
-    """
-    centers = centers.clone()
-    labels, upper, lower = _two_nearest(u, centers, batch_size, u_sqnorm)
-    reseeded = 0
-    for it in range(max_iter):
-        if it and not _reassign(u, centers, labels, upper, lower, batch_size, u_sqnorm):
-            if advance:
-                advance(max_iter - it)
-            return KMeansResult(centers, nearest(u, centers, batch_size, u_sqnorm)[0], it + 1, True, reseeded)
-        moved, empty = _update_centers(u, labels, centers, batch_size)
-        reseeded += empty
-        _loosen(labels, upper, lower, moved)
-        if advance:
-            advance(1)
-    final, _ = nearest(u, centers, batch_size, u_sqnorm)
-    return KMeansResult(centers, final, max_iter, False, reseeded)
-
-
-def _two_nearest(
-    u: torch.Tensor, centers: torch.Tensor, batch_size: int, u_sqnorm: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(nearest centroid, distance to it, distance to the second nearest) of every row, ``batch_size`` at a time."""
-    n = u.shape[0]
-    labels = torch.empty(n, dtype=torch.long, device=u.device)
-    first = torch.empty(n, dtype=u.dtype, device=u.device)
-    second = torch.empty(n, dtype=u.dtype, device=u.device)
-    c_sqnorm, minus_2ct = (centers * centers).sum(1), (-2.0 * centers).T.contiguous()
-    for start in range(0, n, batch_size):
-        stop = min(start + batch_size, n)
-        labels[start:stop], first[start:stop], second[start:stop] = _block_two_nearest(
-            u[start:stop], u_sqnorm[start:stop], c_sqnorm, minus_2ct)
-    return labels, first, second
-
-
-def _block_two_nearest(rows: torch.Tensor, sqnorm: torch.Tensor, c_sqnorm: torch.Tensor, minus_2ct: torch.Tensor):
-    block = torch.addmm(c_sqnorm, rows, minus_2ct)  # ||c||^2 - 2 u c^T, as nearest() computes it
-    best, label = torch.min(block, 1)
-    block.scatter_(1, label[:, None], math.inf)
-    runner_up = block.amin(1) if block.shape[1] > 1 else torch.full_like(best, math.inf)
-    return label, best.add_(sqnorm).clamp_min_(0.0).sqrt_(), runner_up.add_(sqnorm).clamp_min_(0.0).sqrt_()
-
-
-def _reassign(
-    u: torch.Tensor,
-    centers: torch.Tensor,
-    labels: torch.Tensor,
-    upper: torch.Tensor,
-    lower: torch.Tensor,
-    batch_size: int,
-    u_sqnorm: torch.Tensor,
-) -> int:
-    """A pruned E-step in place (labels and both bounds); returns how many labels changed."""
-    c_sqnorm, minus_2ct = (centers * centers).sum(1), (-2.0 * centers).T.contiguous()
-    changed = 0
-    for start in range(0, u.shape[0], batch_size):  # few large blocks: each small operation is a threaded region
-        stop = min(start + batch_size, u.shape[0])
-        open_rows = torch.nonzero(upper[start:stop] > lower[start:stop]).flatten()
-        if not open_rows.numel():
-            continue
-        if 2 * open_rows.numel() > stop - start:  # most rows: the whole block (no gather), exact bounds for all
-            label, first, second = _block_two_nearest(u[start:stop], u_sqnorm[start:stop], c_sqnorm, minus_2ct)
-            changed += int((label != labels[start:stop]).sum())
-            labels[start:stop], upper[start:stop], lower[start:stop] = label, first, second
-            continue
-        index = open_rows.add_(start)
-        rows = u.index_select(0, index)
-        own = torch.linalg.vector_norm(rows - centers.index_select(0, labels.index_select(0, index)), dim=1)
-        upper.index_copy_(0, index, own)  # the exact distance to its own centroid: a tighter upper bound
-        still = torch.nonzero(own > lower.index_select(0, index)).flatten()
-        if not still.numel():
-            continue
-        index, rows = index.index_select(0, still), rows.index_select(0, still)
-        label, first, second = _block_two_nearest(rows, u_sqnorm.index_select(0, index), c_sqnorm, minus_2ct)
-        changed += int((label != labels.index_select(0, index)).sum())
-        labels.index_copy_(0, index, label)
-        upper.index_copy_(0, index, first)
-        lower.index_copy_(0, index, second)
-    return changed
-
-
-def _loosen(labels: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor, moved: torch.Tensor) -> None:
-    """Bounds after the centroids moved by ``moved``: the own centroid's move up, the largest other move down."""
-    upper.add_(moved.index_select(0, labels))
-    if moved.numel() < 2:
-        return
-    top = torch.topk(moved, 2)
-    largest, runner_up = top.values[0], top.values[1]
-    lower.sub_(torch.where(labels == top.indices[0], runner_up, largest))
-
-
-def _update_centers(
-    u: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor, batch_size: int
-) -> tuple[torch.Tensor, int]:
-    """M-step in place: centers <- per-cluster means; empty clusters re-seeded. Returns how far each centroid
-    moved and how many were empty."""
-    k = centers.shape[0]
-    before = centers.clone()
-    sums = torch.zeros_like(centers).index_add_(0, labels, u)
-    counts = torch.bincount(labels, minlength=k)
-    torch.div(sums, counts.clamp_min(1).to(u.dtype)[:, None], out=centers)
-    empty = torch.nonzero(counts == 0).flatten()
-    if empty.numel():
-        dist = _sqdist_to_assigned(u, before, labels, batch_size)
-        farthest = torch.sort(dist, descending=True, stable=True).indices[: empty.numel()]
-        centers[empty[: farthest.numel()]] = u[farthest]
-    return torch.linalg.vector_norm(centers - before, dim=1), int(empty.numel())
-
-
-def _sqdist_to_assigned(u: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """||u_i - centers[labels_i]||^2 for every row, ``batch_size`` rows at a time."""
-    out = torch.empty(u.shape[0], dtype=u.dtype, device=u.device)
-    for start in range(0, u.shape[0], batch_size):
-        diff = u[start : start + batch_size] - centers.index_select(0, labels[start : start + batch_size])
-        out[start : start + batch_size] = (diff * diff).sum(1)
-    return out
-
-
 @contextmanager
 def one_thread(device: torch.device):
     """torch on one CPU thread inside the block (restored after). For k-means++: about ten small operations per
@@ -295,6 +153,11 @@ def seed_rows(n: int, k: int) -> int:
     return min(n, max(SEED_MIN_ROWS, SEED_ROWS_PER_CODE * k))
 
 
+def warm_rows(n: int, k: int) -> int:
+    """Rows of full mode's warm-up Lloyd: max(seed_rows, WARM_ROWS_PER_CODE x k), at most n."""
+    return min(n, max(seed_rows(n, k), WARM_ROWS_PER_CODE * k))
+
+
 def sample_rows(u: torch.Tensor, rows: int, generator: torch.Generator) -> torch.Tensor:
     """``rows`` rows of ``u`` drawn uniformly without replacement from ``generator``, in row order (``u`` itself
     when rows >= n)."""
@@ -303,25 +166,3 @@ def sample_rows(u: torch.Tensor, rows: int, generator: torch.Generator) -> torch
         return u
     index = torch.randperm(n, generator=generator)[:rows].sort().values.to(u.device)
     return u.index_select(0, index)
-
-
-def kmeans(
-    u: torch.Tensor,
-    k: int,
-    max_iter: int,
-    generator: torch.Generator,
-    batch_size: int,
-    advance: Advance | None = None,
-) -> KMeansResult:
-    """k-means++ seeding on :func:`seed_rows` rows (all of them up to SEED_MIN_ROWS), then Lloyd on every row
-    of ``u`` (float32 [n, d], n >= k).
-
-    ``advance`` is called k times during seeding and max_iter times during Lloyd.
-    """
-    u_sqnorm = (u * u).sum(1)
-    sample = sample_rows(u, seed_rows(u.shape[0], k), generator)
-    seed_sqnorm = u_sqnorm if sample is u else (sample * sample).sum(1)
-    with one_thread(u.device):
-        centers = kmeans_plusplus(sample, k, generator, seed_sqnorm, advance)
-    del sample
-    return lloyd(u, centers, max_iter, batch_size, u_sqnorm, advance)
