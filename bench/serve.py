@@ -100,7 +100,7 @@ def start_server(bundle: Path, args, max_batch: int = 0) -> tuple[subprocess.Pop
     cmd = [sys.executable, "-m", "gencli", "--threads", str(args.threads), "serve", "--bundle", str(bundle),
            "--port", "0", "--watch", "0", "--max-batch", str(max_batch or args.max_batch),
            "--max-wait-ms", str(args.max_wait_ms),
-           "--decode-batch", str(args.decode_batch), "--device", "cpu"]
+           "--decode-batch", str(args.decode_batch), "--device", args.device]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -284,6 +284,7 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: the server and the direct loop decode there")
     parser.add_argument("--open-loop", default="1.5,2",
                         help="Open-loop arrival rates as multiples of the loop's req/s ('' to skip).")
     parser.add_argument("--open-requests", type=int, default=900, help="Requests per open-loop rate.")
@@ -307,11 +308,12 @@ def main() -> None:
     link = link_root / "current"
     link.symlink_to(Path(bundle).resolve(), target_is_directory=True)
     histories = histories_for(Path(bundle).resolve(), args.requests, args.seed)
-    rec = Recommender.load(bundle, device="cpu")
+    rec = Recommender.load(bundle, device=args.device)
     for h in histories[:5]:
         rec.recommend(h, k=args.k)
     levels = [int(c) for c in args.concurrency.split(",")]
-    result: dict = {"bundle": str(Path(bundle).resolve()), "items": len(rec), "max_history": rec.max_history,
+    result: dict = {"bundle": str(Path(bundle).resolve()), "device": args.device, "items": len(rec),
+                    "max_history": rec.max_history,
                     "threads": args.threads, "k": args.k, "requests": args.requests, "time_limit_s": args.time_limit,
                     "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
                                "decode_batch": args.decode_batch}}
@@ -348,7 +350,8 @@ def best(runs: list[dict]) -> dict:
 def report(result: dict, levels: list[int]) -> None:
     direct = result["direct"]
     print(f"\nbundle {result['bundle']} ({result['items']} items, history {result['max_history']}), k={result['k']}, "
-          f"{result['threads']} torch thread(s) per process, loopback; server {result['server']}")
+          f"{result['threads']} torch thread(s) per process, device {result.get('device', 'cpu')}, loopback; "
+          f"server {result['server']}")
     print(f"best of {direct['of_rounds']} interleaved round(s) per mode")
     print(f"| {'mode':<26} | {'requests':>8} | {'req/s':>7} | {'vs loop':>7} | {'p50 ms':>7} | {'p95 ms':>7} | "
           f"{'p99 ms':>7} | {'failed':>6} |")
