@@ -42,11 +42,15 @@ BUDGET=${BUDGET:-420}; WORK=${WORK:-${TMPDIR:-/tmp}/gencli-gpu-check}
 SERVE_RESERVE=${SERVE_RESERVE:-90}  # seconds kept for step 4 (export, serve, tables) when the training jobs start
 EVAL_RESERVE=${EVAL_RESERVE:-70}    # seconds an init run keeps after training for its blend fit, eval and cold-eval
 PAIRED_RESERVE=${PAIRED_RESERVE:-80}  # seconds the STAMP runs keep after training for validation and the paired decode
+# one checkpoint at the end instead of one per validation (1.6 GB each with smollm2's optimizer state); best/ is
+# still kept at every new best
+SAVE="--save-every 1000000 --keep-checkpoints 1"
 
 SAMPLE=$(cd "$SAMPLE" && pwd)
 mkdir -p "$RESULTS/json" "$RESULTS/logs" && RESULTS=$(cd "$RESULTS" && pwd)
 cd "$(dirname "$0")/.." || exit 2  # the repository root: bench/ scripts and python -m gencli
 rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
+PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 GENCLI_THREADS=$THREADS OMP_NUM_THREADS=$THREADS GENCLI_BENCH_CACHE=$WORK/cache
 DEADLINE=$(( $(date +%s) + BUDGET ))
 STOP=$DEADLINE  # what bounded() stops at: lowered while the training jobs run, so that serve keeps its time
@@ -60,18 +64,18 @@ bounded() {  # a command stopped at STOP (exit 124), or not started when under 1
 }
 g() {  # g NAME WORKDIR ARGS...: one gencli step, its JSON in json/NAME.json, its log in logs/NAME.log
   local name=$1 wd=$2 rc; shift 2
-  bounded python -m gencli "$@" --workdir "$wd" --json > "$RESULTS/json/$name.json" 2> "$RESULTS/logs/$name.log"
+  bounded "$PYTHON" -m gencli "$@" --workdir "$wd" --json > "$RESULTS/json/$name.json" 2> "$RESULTS/logs/$name.log"
   rc=$?; note "$name exit $rc"; return $rc
 }
 py() {  # py NAME SCRIPT ARGS...: a bench script, its output in logs/NAME.log
   local name=$1 rc; shift
-  bounded python "$@" > "$RESULTS/logs/$name.log" 2>&1
+  bounded "$PYTHON" "$@" > "$RESULTS/logs/$name.log" 2>&1
   rc=$?; note "$name exit $rc"; return $rc
 }
 
 {
   echo "device $DEVICE, model $MODEL, budget ${BUDGET}s, started $(date -u +%FT%TZ)"
-  python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__,
+  "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'cuda', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
   nproc
@@ -85,6 +89,9 @@ for init in $INITS; do
 done
 wait
 [ -d "$WORK/init-centroid/init-vocab/model" ] || { note "init-vocab centroid failed: see logs"; exit 1; }
+for s in $SEEDS; do  # the STAMP runs' workdirs, copied before any job writes into init-centroid
+  for v in base stamp; do cp -r "$WORK/init-centroid" "$WORK/stamp-$v-s$s"; done
+done
 
 # 2. STAMP speed and memory, alone on the GPU: base and stamp interleaved, fresh model per round
 py stamp-speed bench/stamp.py speed --workdir "$WORK/init-centroid" --device "$DEVICE" --batch-size "$SPEED_BATCH" \
@@ -92,13 +99,13 @@ py stamp-speed bench/stamp.py speed --workdir "$WORK/init-centroid" --device "$D
 
 stamp_runs() {  # plain and STAMP sft per seed, side by side; then the paired decode of each seed's pair
   local s v train_s=$(( STOP - $(date +%s) - PAIRED_RESERVE ))  # a safety net: at the expected speed they finish
+  [ "$train_s" -gt 30 ] || train_s=30
   for s in $SEEDS; do
     for v in base stamp; do
-      cp -r "$WORK/init-centroid" "$WORK/stamp-$v-s$s"
       g "sft-stamp-$v-s$s" "$WORK/stamp-$v-s$s" sft --samples prefixes --max-steps "$STAMP_STEPS" \
         --batch-size "$STAMP_BATCH" --lr "$LR" --max-history "$STAMP_HISTORY" --eval-users "$STAMP_VAL_USERS" \
         --eval-beams "$EVAL_BEAMS" --eval-every "$STAMP_STEPS" --patience 0 --seed "$s" --max-time "$train_s" \
-        --device "$DEVICE" $([ "$v" = stamp ] && echo --stamp) &
+        --device "$DEVICE" $SAVE $([ "$v" = stamp ] && echo --stamp) &
     done
   done
   wait
@@ -117,7 +124,7 @@ init_run() {  # sft to the plateau from one init, then eval and cold-eval (blend
   [ "$train_s" -lt "$INIT_TRAIN_S" ] || train_s=$INIT_TRAIN_S
   [ "$train_s" -gt 10 ] || { note "no time left to train $init"; return 1; }
   g "sft-init-$init" "$w" sft --lr "$LR" --seed 0 --epochs "$INIT_EPOCHS" --evals-per-epoch "$INIT_EVALS" \
-    --max-time "$train_s" --device "$DEVICE" || return 1
+    --max-time "$train_s" --device "$DEVICE" $SAVE || return 1
   g "eval-init-$init" "$w" eval --beams "$EVAL_BEAMS" --k 5,10 --device "$DEVICE"
   g "cold-eval-init-$init" "$w" cold-eval --max-train-count 1 --beams "$EVAL_BEAMS" --k 5,10 --device "$DEVICE"
 }
@@ -138,7 +145,7 @@ if g export "$WORK/stamp-base-s$first_seed" export "$WORK/bundle" --force; then
 fi
 
 note "jobs done; $(( DEADLINE - $(date +%s) )) s of the budget left"
-python bench/gpu_tables.py "$RESULTS" --seeds "${SEEDS// /,}" --inits "${INITS// /,}" --model "$MODEL" \
+"$PYTHON" bench/gpu_tables.py "$RESULTS" --seeds "${SEEDS// /,}" --inits "${INITS// /,}" --model "$MODEL" \
   > "$RESULTS/tables.md" \
   2> "$RESULTS/logs/tables.log"
 note "tables: exit $?"

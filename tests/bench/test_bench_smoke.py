@@ -79,11 +79,18 @@ def test_decode_agrees_with_hf_generate():
 
 
 @pytest.mark.slow
-def test_quantize_compares_with_sklearn():
+def test_quantize_compares_with_faiss_and_sklearn():
+    import importlib.util
+
     proc = run_bench("bench/quantize.py", "--n", "300", "--dim", "16", "--clusters", "10", "--levels", "2",
-                     "--codes", "8", "--max-iter", "3", "--threads", "1")
-    assert "| gencli residual_kmeans (torch) |" in proc.stdout
-    assert "| sklearn KMeans per level |" in proc.stdout
+                     "--codes", "8", "--max-iter", "3", "--threads", "1", "--rounds", "2",
+                     "--methods", "gencli,faiss,sklearn")
+    assert "| gencli residual_kmeans (torch) | 1 |" in proc.stdout
+    assert "| sklearn KMeans per level | 1 |" in proc.stdout
+    if importlib.util.find_spec("faiss") is None:
+        assert "skipping faiss: the package is not installed" in proc.stdout
+    else:
+        assert "| faiss Kmeans per level | 1 |" in proc.stdout
 
 
 @pytest.mark.slow
