@@ -38,6 +38,7 @@ SPEED_ROUNDS=${SPEED_ROUNDS:-4}; SPEED_STEPS=${SPEED_STEPS:-8}; SPEED_BATCH=${SP
 INITS=${INITS:-centroid random gti}; INIT_TRAIN_S=${INIT_TRAIN_S:-200}; INIT_EPOCHS=${INIT_EPOCHS:-4}
 INIT_EVALS=${INIT_EVALS:-2}  # validations per epoch: the step of the peak to half an epoch
 SERVE_REQUESTS=${SERVE_REQUESTS:-300}; SERVE_TIME=${SERVE_TIME:-8}; SERVE_CONC=${SERVE_CONC:-1,16,64}
+PARTS=${PARTS:-stamp init serve}  # which of the three checks run (a rerun of one of them: PARTS=stamp INITS=centroid)
 BUDGET=${BUDGET:-420}; WORK=${WORK:-${TMPDIR:-/tmp}/gencli-gpu-check}
 SERVE_RESERVE=${SERVE_RESERVE:-90}  # seconds kept for step 4 (export, serve, tables) when the training jobs start
 EVAL_RESERVE=${EVAL_RESERVE:-70}    # seconds an init run keeps after training for its blend fit, eval and cold-eval
@@ -57,6 +58,7 @@ STOP=$DEADLINE  # what bounded() stops at: lowered while the training jobs run, 
 STATUS=$RESULTS/logs/status
 
 note() { echo "$(date +%T) $*" | tee -a "$STATUS"; }
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }  # has stamp: that check is in PARTS
 bounded() {  # a command stopped at STOP (exit 124), or not started when under 10 s remain
   local s=$(( STOP - $(date +%s) ))
   [ "$s" -gt 10 ] || { note "out of time, skipped: $*"; return 124; }
@@ -94,8 +96,10 @@ for s in $SEEDS; do  # the STAMP runs' workdirs, copied before any job writes in
 done
 
 # 2. STAMP speed and memory, alone on the GPU: base and stamp interleaved, fresh model per round
-py stamp-speed bench/stamp.py speed --workdir "$WORK/init-centroid" --device "$DEVICE" --batch-size "$SPEED_BATCH" \
-  --rounds "$SPEED_ROUNDS" --steps "$SPEED_STEPS" --layer 0 --variants base,stamp --out "$RESULTS/json/stamp-speed.json"
+if has stamp; then
+  py stamp-speed bench/stamp.py speed --workdir "$WORK/init-centroid" --device "$DEVICE" --batch-size "$SPEED_BATCH" \
+    --rounds "$SPEED_ROUNDS" --steps "$SPEED_STEPS" --layer 0 --variants base,stamp --out "$RESULTS/json/stamp-speed.json"
+fi
 
 stamp_runs() {  # plain and STAMP sft per seed, side by side; then the paired decode of each seed's pair
   local s v train_s=$(( STOP - $(date +%s) - PAIRED_RESERVE ))  # a safety net: at the expected speed they finish
@@ -131,14 +135,14 @@ init_run() {  # sft to the plateau from one init, then eval and cold-eval (blend
 
 # 3. the training jobs side by side on the GPU, stopped in time for step 4
 STOP=$(( DEADLINE - SERVE_RESERVE ))
-stamp_runs &
-for init in $INITS; do init_run "$init" & done
+has stamp && stamp_runs &
+if has init; then for init in $INITS; do init_run "$init" & done; fi
 wait
 STOP=$DEADLINE
 
 # 4. serve on the GPU, alone: a bundle of the seed-0 plain sft model against the direct loop
 first_seed=${SEEDS%% *}
-if g export "$WORK/stamp-base-s$first_seed" export "$WORK/bundle" --force; then
+if has serve && g export "$WORK/stamp-base-s$first_seed" export "$WORK/bundle" --force; then
   py serve bench/serve.py --bundle "$WORK/bundle" --device "$DEVICE" --requests "$SERVE_REQUESTS" \
     --time-limit "$SERVE_TIME" --rounds 1 --concurrency "$SERVE_CONC" --open-loop "" --max-batch 64 \
     --decode-batch 32 --threads "$THREADS" --out "$RESULTS/json/serve.json"
