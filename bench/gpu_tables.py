@@ -159,6 +159,13 @@ def serve_table(results: Path) -> list[str]:
     ident = serve["identity"]
     out += ["", f"Same items as Recommender.recommend: {ident['same_items']}/{ident['histories']}; server exit code "
                 f"after SIGTERM {serve['server_exit']}."]
+    counters = serve.get("server_metrics") or {}
+    if counters:
+        batches = counters.get("gencli_serve_batch_histories_count", 0)
+        out.append(f"Server counters: {counters.get('gencli_serve_requests_total', 0):.0f} requests in {batches:.0f} "
+                   f"batches ({counters.get('gencli_serve_batch_histories_sum', 0) / max(batches, 1):.1f} histories "
+                   f"each), {counters.get('gencli_serve_tie_redecodes_total', 0):.0f} lists decoded again alone for a "
+                   "near-tie.")
     return out
 
 

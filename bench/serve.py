@@ -332,6 +332,7 @@ def main() -> None:
                                    **open_loop_levels(link, port, histories, args, loop_rps)}
         result["identity"] = same_answers(rec, port, histories[: min(200, len(histories))], args.k)
         result["swap"] = swap_under_load(proc, port, link, other, histories, args.k, args.time_limit)
+        result["server_metrics"] = server_counters(port)
     finally:
         proc.send_signal(signal.SIGTERM)
         result["server_exit"] = proc.wait(timeout=120)
@@ -340,6 +341,30 @@ def main() -> None:
     result["serve"] = {str(c): best([r["serve"][str(c)] for r in rounds]) for c in levels}
     write_json_atomic(args.out, result)
     report(result, levels)
+
+
+def server_counters(port: int) -> dict[str, float]:
+    """The server's own counters from /metrics (requests, batches, lists decoded again alone for a near-tie): what
+    explains a batched server that does not beat the loop. Summed over labels; histograms give _sum and _count."""
+    conn = connect(port)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return {}
+    finally:
+        conn.close()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gencli_serve_") and " " in line:
+            name, _, value = line.rpartition(" ")
+            name = name.split("{")[0]
+            if name.endswith(("_total", "_sum", "_count")):
+                try:
+                    out[name] = out.get(name, 0.0) + float(value)
+                except ValueError:
+                    pass
+    return out
 
 
 def best(runs: list[dict]) -> dict:
@@ -381,6 +406,12 @@ def report(result: dict, levels: list[int]) -> None:
           f"{ident['scores_within_1e-5']}/{ident['histories']} (max relative difference "
           f"{ident['max_relative_score_diff']})")
     took = "never" if swap["swap_s"] is None else f"{swap['swap_s']} s after SIGHUP"
+    counters = result.get("server_metrics") or {}
+    if counters:
+        batches = counters.get("gencli_serve_batch_histories_count", 0)
+        print(f"server counters: {counters.get('gencli_serve_requests_total', 0):.0f} requests, {batches:.0f} batches "
+              f"({counters.get('gencli_serve_batch_histories_sum', 0) / max(batches, 1):.1f} histories each), "
+              f"{counters.get('gencli_serve_tie_redecodes_total', 0):.0f} lists decoded again alone for a near-tie")
     print(f"swap under load: {swap['failures']} failed, {swap['answered_by_old']} answered by the old bundle and "
           f"{swap['answered_by_new']} by the new one; the new bundle served {took}; "
           f"server exit code after SIGTERM: {result['server_exit']}")
