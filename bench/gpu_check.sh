@@ -35,11 +35,14 @@ DEVICE=${DEVICE:-cuda}; MODEL=${MODEL:-smollm2-135m}; LR=${LR:-2e-4}; SEEDS=${SE
 STAMP_STEPS=${STAMP_STEPS:-300}; STAMP_BATCH=${STAMP_BATCH:-32}; STAMP_HISTORY=${STAMP_HISTORY:-40}
 STAMP_VAL_USERS=${STAMP_VAL_USERS:-400}; EVAL_BEAMS=${EVAL_BEAMS:-20}
 SPEED_ROUNDS=${SPEED_ROUNDS:-4}; SPEED_STEPS=${SPEED_STEPS:-8}; SPEED_BATCH=${SPEED_BATCH:-64}
+SPEED_MIN_TOKENS=${SPEED_MIN_TOKENS:-128}  # the speed samples: users whose latest prompt has this many tokens
 INITS=${INITS:-centroid random gti}; INIT_TRAIN_S=${INIT_TRAIN_S:-200}; INIT_EPOCHS=${INIT_EPOCHS:-4}
 INIT_EVALS=${INIT_EVALS:-2}  # validations per epoch: the step of the peak to half an epoch
 SERVE_REQUESTS=${SERVE_REQUESTS:-300}; SERVE_TIME=${SERVE_TIME:-8}; SERVE_CONC=${SERVE_CONC:-1,16,64}
 PARTS=${PARTS:-stamp init serve}  # which of the three checks run (a rerun of one of them: PARTS=stamp INITS=centroid)
-BUDGET=${BUDGET:-420}; WORK=${WORK:-${TMPDIR:-/tmp}/gencli-gpu-check}
+BUDGET=${BUDGET:-420}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${WORK:-${GENCLI_BENCH_CACHE:-$REPO/bench/.cache}/gpu-check}  # workdir copies with their models (tens of GB)
 SERVE_RESERVE=${SERVE_RESERVE:-90}  # seconds kept for step 4 (export, serve, tables) when the training jobs start
 EVAL_RESERVE=${EVAL_RESERVE:-70}    # seconds an init run keeps after training for its blend fit, eval and cold-eval
 PAIRED_RESERVE=${PAIRED_RESERVE:-80}  # seconds the STAMP runs keep after training for validation and the paired decode
@@ -49,8 +52,8 @@ SAVE="--save-every 1000000 --keep-checkpoints 1"
 
 SAMPLE=$(cd "$SAMPLE" && pwd)
 mkdir -p "$RESULTS/json" "$RESULTS/logs" && RESULTS=$(cd "$RESULTS" && pwd)
-cd "$(dirname "$0")/.." || exit 2  # the repository root: bench/ scripts and python -m gencli
-rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
+rm -rf "$WORK" && mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd) || exit 2
+cd "$REPO" || exit 2  # the repository root: bench/ scripts and python -m gencli
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 GENCLI_THREADS=$THREADS OMP_NUM_THREADS=$THREADS GENCLI_BENCH_CACHE=$WORK/cache
 DEADLINE=$(( $(date +%s) + BUDGET ))
@@ -98,7 +101,8 @@ done
 # 2. STAMP speed and memory, alone on the GPU: base and stamp interleaved, fresh model per round
 if has stamp; then
   py stamp-speed bench/stamp.py speed --workdir "$WORK/init-centroid" --device "$DEVICE" --batch-size "$SPEED_BATCH" \
-    --rounds "$SPEED_ROUNDS" --steps "$SPEED_STEPS" --layer 0 --variants base,stamp --out "$RESULTS/json/stamp-speed.json"
+    --rounds "$SPEED_ROUNDS" --steps "$SPEED_STEPS" --min-tokens "$SPEED_MIN_TOKENS" --layer 0 --variants base,stamp \
+    --out "$RESULTS/json/stamp-speed.json"
 fi
 
 stamp_runs() {  # plain and STAMP sft per seed, side by side; then the paired decode of each seed's pair

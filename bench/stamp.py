@@ -70,6 +70,9 @@ def speed(args) -> dict:
                            stamp=stamp_config(args))
     dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1, "prefixes")
     order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
+    if not order:
+        raise SystemExit(f"no user's latest prefix gives a prompt of {args.min_tokens}+ tokens (--max-history "
+                         f"{args.max_history}); lower --min-tokens")
     variants = args.variants.split(",")
     results: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):

@@ -168,6 +168,27 @@ def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_check_dry_run_on_cpu_writes_the_three_tables(tiny_workdir, tmp_path):
+    """bench/gpu_check.sh with its CPU override (tiny backbone, a few steps): every job finishes and
+    bench/gpu_tables.py fills the three tables from their outputs."""
+    out = tmp_path / "out"
+    run_bench("bench/gpu_check.sh", str(tiny_workdir), str(out), timeout=1500,
+              env={"DEVICE": "cpu", "MODEL": "tiny", "SEEDS": "0", "INITS": "centroid random", "STAMP_STEPS": "2",
+                   "STAMP_VAL_USERS": "10", "EVAL_BEAMS": "10", "SPEED_ROUNDS": "2", "SPEED_STEPS": "1",
+                   "SPEED_BATCH": "4", "SPEED_MIN_TOKENS": "16", "INIT_TRAIN_S": "15", "INIT_EPOCHS": "1", "SERVE_REQUESTS": "10",
+                   "SERVE_TIME": "2", "SERVE_CONC": "1,4", "THREADS": "1", "BUDGET": "1200",
+                   "WORK": str(tmp_path / "work")})
+    status = (out / "logs" / "status").read_text()
+    assert "exit 1" not in status and "exit 124" not in status and "out of time" not in status, status
+    tables = (out / "tables.md").read_text()
+    assert "| base | " in tables and "| stamp | " in tables  # speed and memory
+    assert "| 0 | valid | 800 |" in tables and "| 0 | test | 800 |" in tables  # paired, every user
+    assert "| centroid | 1.00 |" in tables or "| centroid | 0." in tables
+    assert "| random |" in tables and "not finished" not in tables
+    assert "| Recommender.recommend loop |" in tables and "| serve, 4 client(s) |" in tables
+
+
+@pytest.mark.slow
 def test_recommend_compares_with_eval(embedded_workdir, tmp_path):
     _shared_copy(embedded_workdir, tmp_path / "recommend-sample")
     proc = run_bench("bench/recommend.py", "--sft-steps", "2", "--beams", "10", "--k", "5", "--repeats", "1",
