@@ -10,7 +10,9 @@ model, and reports each model's paired difference from ``--ref``:
 - the exact two-sided McNemar p-value of the hit@5 discordant pairs (users one model hits, the other misses).
 
 As a check of the decoding path it also scores the training run's own 400-user validation
-subsample, which must reproduce the Recall@5 the run wrote to metrics.jsonl.
+subsample, which must reproduce the Recall@5 the run wrote to metrics.jsonl. A second table gives each split
+alone: Recall@10, NDCG@10 and the paired Recall@10 difference (bootstrap interval, McNemar p of the hit@10 pairs).
+A ``gencli sft`` step folder (WORKDIR/sft) is a run folder too.
 
     python bench/paired_recall.py --workdir W \\
         --model base=RUNS/recall-base-s0 --model stamp=RUNS/recall-stamp-s0 --ref base
@@ -19,7 +21,8 @@ A ``popularity`` row (every user gets the most frequent training targets, in ord
 model should clear on the same users; it is paired against ``--ref`` like the models.
 
 Per-user ranks are cached next to each model (``paired-ranks-*.npz``), so a rerun, or one with
-more models, decodes only what is new. Runs on one intra-op thread (``--threads``).
+more models, decodes only what is new. Runs on one intra-op thread (``--threads``), on ``--device`` (cpu by
+default; ``--device cuda --dtype auto`` decodes in bf16 on a GPU, as ``gencli eval`` does there).
 """
 
 from __future__ import annotations
@@ -72,14 +75,15 @@ def _split_rows(workdir: Path, split: str):
 
 def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, np.ndarray]], args) -> dict[str, np.ndarray]:
     """Target rank (0 = not in the top ``--beams``) of every user of each split; cached per run folder."""
-    tag = f"{'-'.join(split_rows)}-h{args.max_history}-b{args.beams}{'-sidsm' if args.sid_softmax else ''}"
+    tag = (f"{'-'.join(split_rows)}-h{args.max_history}-b{args.beams}{'-sidsm' if args.sid_softmax else ''}"
+           f"{'' if args.device == 'cpu' else '-' + args.device}")
     cache = run_dir / f"paired-ranks-{tag}.npz"
     if cache.is_file():
         with np.load(cache) as z:
             return {k: z[k] for k in z.files}
     vocab = load_sid_vocab(run_dir / artifacts.SID_VOCAB)
     item_tokens = item_token_ids(store.load_item_codes(workdir / "quantize"), vocab)
-    model, _ = load_model(run_dir / artifacts.MODEL_DIR, torch.device("cpu"), torch.float32)
+    model, _ = load_model(run_dir / artifacts.MODEL_DIR, args.device, args.dtype)
     out = {}
     for split, (frame, _) in split_rows.items():
         evaluator = Evaluator(frame, item_tokens, vocab.bos_id, max_history=args.max_history, name=split)
@@ -127,6 +131,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--sid-softmax", action="store_true", help="the models were trained with --sid-softmax")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (decoding runs there)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto (bf16 on CUDA, as gencli eval)")
     p.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -174,9 +180,42 @@ def main() -> None:
         sub = "-" if r["subsample_recall@5"] is None else f"{r['subsample_recall@5']:.4f} / {r['logged_recall@5']}"
         print(f"| {r['name']} | {r['recall@5']:.4f} ({r['hits@5']}) | {r['recall@10']:.4f} | {r['ndcg@10']:.4f} | "
               f"{rel} | {paired} | {pval} | {sub} |")
+    per_split = split_table(ranks, split_rows, ref)
     if args.out:
-        args.out.write_text(json.dumps({"splits": splits, "ref": ref, "beams": args.beams,
-                                        "max_history": args.max_history, "rows": rows}, indent=2))
+        args.out.write_text(json.dumps({"splits": splits, "ref": ref, "beams": args.beams, "device": args.device,
+                                        "dtype": args.dtype, "max_history": args.max_history, "rows": rows,
+                                        "per_split": per_split}, indent=2))
+
+
+def split_table(ranks: dict[str, np.ndarray], split_rows: dict, ref: str) -> list[dict]:
+    """Recall@10 and NDCG@10 of every model on each split, with the paired Recall@10 difference against ``ref``
+    (bootstrap 95% interval, McNemar p of the hit@10 pairs); printed as a table and returned."""
+    sizes = [len(targets) for _, targets in split_rows.values()]
+    bounds = np.cumsum([0, *sizes])
+    print("\n| model | split | users | Recall@10 | NDCG@10 | relative R@10 | paired diff R@10 [95% CI] | McNemar p |")
+    print("|---|---|---|---|---|---|---|---|")
+    out = []
+    for i, split in enumerate(split_rows):
+        part = slice(bounds[i], bounds[i + 1])
+        ref_hit = ((ranks[ref][part] >= 1) & (ranks[ref][part] <= 10)).astype(np.float64)
+        for name, r in ranks.items():
+            r = r[part]
+            hit = ((r >= 1) & (r <= 10)).astype(np.float64)
+            diff = hit - ref_hit
+            lo, hi = bootstrap_ci(diff)
+            row = {"name": name, "split": split, "users": int(r.size), "recall@10": recall_at_k(r, 10),
+                   "ndcg@10": ndcg_at_k(r, 10), "diff@10": float(diff.mean()), "ci95@10": [lo, hi],
+                   "mcnemar_p@10": mcnemar_p(int((diff > 0).sum()), int((diff < 0).sum()))}
+            base = recall_at_k(ranks[ref][part], 10)
+            row["relative@10"] = row["recall@10"] / base - 1 if base else None
+            out.append(row)
+            same = name == ref
+            rel = "-" if same or row["relative@10"] is None else f"{row['relative@10']:+.1%}"
+            paired = "-" if same else f"{row['diff@10']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+            pval = "-" if same else f"{row['mcnemar_p@10']:.2f}"
+            print(f"| {name} | {split} | {row['users']} | {row['recall@10']:.4f} | {row['ndcg@10']:.4f} | {rel} | "
+                  f"{paired} | {pval} |")
+    return out
 
 
 if __name__ == "__main__":

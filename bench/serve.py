@@ -100,7 +100,7 @@ def start_server(bundle: Path, args, max_batch: int = 0) -> tuple[subprocess.Pop
     cmd = [sys.executable, "-m", "gencli", "--threads", str(args.threads), "serve", "--bundle", str(bundle),
            "--port", "0", "--watch", "0", "--max-batch", str(max_batch or args.max_batch),
            "--max-wait-ms", str(args.max_wait_ms),
-           "--decode-batch", str(args.decode_batch), "--device", "cpu"]
+           "--decode-batch", str(args.decode_batch), "--device", args.device]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -284,6 +284,7 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: the server and the direct loop decode there")
     parser.add_argument("--open-loop", default="1.5,2",
                         help="Open-loop arrival rates as multiples of the loop's req/s ('' to skip).")
     parser.add_argument("--open-requests", type=int, default=900, help="Requests per open-loop rate.")
@@ -307,11 +308,12 @@ def main() -> None:
     link = link_root / "current"
     link.symlink_to(Path(bundle).resolve(), target_is_directory=True)
     histories = histories_for(Path(bundle).resolve(), args.requests, args.seed)
-    rec = Recommender.load(bundle, device="cpu")
+    rec = Recommender.load(bundle, device=args.device)
     for h in histories[:5]:
         rec.recommend(h, k=args.k)
     levels = [int(c) for c in args.concurrency.split(",")]
-    result: dict = {"bundle": str(Path(bundle).resolve()), "items": len(rec), "max_history": rec.max_history,
+    result: dict = {"bundle": str(Path(bundle).resolve()), "device": args.device, "items": len(rec),
+                    "max_history": rec.max_history,
                     "threads": args.threads, "k": args.k, "requests": args.requests, "time_limit_s": args.time_limit,
                     "server": {"max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
                                "decode_batch": args.decode_batch}}
@@ -330,6 +332,7 @@ def main() -> None:
                                    **open_loop_levels(link, port, histories, args, loop_rps)}
         result["identity"] = same_answers(rec, port, histories[: min(200, len(histories))], args.k)
         result["swap"] = swap_under_load(proc, port, link, other, histories, args.k, args.time_limit)
+        result["server_metrics"] = server_counters(port)
     finally:
         proc.send_signal(signal.SIGTERM)
         result["server_exit"] = proc.wait(timeout=120)
@@ -340,6 +343,30 @@ def main() -> None:
     report(result, levels)
 
 
+def server_counters(port: int) -> dict[str, float]:
+    """The server's own counters from /metrics (requests, batches, lists decoded again alone for a near-tie): what
+    explains a batched server that does not beat the loop. Summed over labels; histograms give _sum and _count."""
+    conn = connect(port)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return {}
+    finally:
+        conn.close()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gencli_serve_") and " " in line:
+            name, _, value = line.rpartition(" ")
+            name = name.split("{")[0]
+            if name.endswith(("_total", "_sum", "_count")):
+                try:
+                    out[name] = out.get(name, 0.0) + float(value)
+                except ValueError:
+                    pass
+    return out
+
+
 def best(runs: list[dict]) -> dict:
     """The round with the most requests/s (each mode's least disturbed run), and how many rounds there were."""
     return {**max(runs, key=lambda r: r["rps"]), "of_rounds": len(runs)}
@@ -348,7 +375,8 @@ def best(runs: list[dict]) -> dict:
 def report(result: dict, levels: list[int]) -> None:
     direct = result["direct"]
     print(f"\nbundle {result['bundle']} ({result['items']} items, history {result['max_history']}), k={result['k']}, "
-          f"{result['threads']} torch thread(s) per process, loopback; server {result['server']}")
+          f"{result['threads']} torch thread(s) per process, device {result.get('device', 'cpu')}, loopback; "
+          f"server {result['server']}")
     print(f"best of {direct['of_rounds']} interleaved round(s) per mode")
     print(f"| {'mode':<26} | {'requests':>8} | {'req/s':>7} | {'vs loop':>7} | {'p50 ms':>7} | {'p95 ms':>7} | "
           f"{'p99 ms':>7} | {'failed':>6} |")
@@ -378,6 +406,12 @@ def report(result: dict, levels: list[int]) -> None:
           f"{ident['scores_within_1e-5']}/{ident['histories']} (max relative difference "
           f"{ident['max_relative_score_diff']})")
     took = "never" if swap["swap_s"] is None else f"{swap['swap_s']} s after SIGHUP"
+    counters = result.get("server_metrics") or {}
+    if counters:
+        batches = counters.get("gencli_serve_batch_histories_count", 0)
+        print(f"server counters: {counters.get('gencli_serve_requests_total', 0):.0f} requests, {batches:.0f} batches "
+              f"({counters.get('gencli_serve_batch_histories_sum', 0) / max(batches, 1):.1f} histories each), "
+              f"{counters.get('gencli_serve_tie_redecodes_total', 0):.0f} lists decoded again alone for a near-tie")
     print(f"swap under load: {swap['failures']} failed, {swap['answered_by_old']} answered by the old bundle and "
           f"{swap['answered_by_new']} by the new one; the new bundle served {took}; "
           f"server exit code after SIGTERM: {result['server_exit']}")

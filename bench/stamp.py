@@ -70,10 +70,15 @@ def speed(args) -> dict:
                            stamp=stamp_config(args))
     dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1, "prefixes")
     order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
+    if not order:
+        raise SystemExit(f"no user's latest prefix gives a prompt of {args.min_tokens}+ tokens (--max-history "
+                         f"{args.max_history}); lower --min-tokens")
     variants = args.variants.split(",")
     results: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
-        batches = order[(r * (args.steps + 1)) % len(order):][: args.steps + 1]
+        # the next steps + 1 batches, wrapping around: rounds x (steps + 1) may exceed the batches there are (an H200
+        # run with batch 64 over the 95 long samples had 2, and its second round had no timed step left)
+        batches = [order[(r * (args.steps + 1) + i) % len(order)] for i in range(args.steps + 1)]
         for v in variants:
             cfg = dataclasses.replace(base_cfg, stamp=dataclasses.replace(base_cfg.stamp, **_grid_overrides(v)))
             rec = profile.profile_variant(_variant_kind(v), cfg, model_dir, dataset, batches, vocab.pad_id, None,

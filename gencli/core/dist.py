@@ -2,7 +2,8 @@
 
 Under ``torchrun --nproc_per_node N -m gencli STEP`` every process runs the same command. Rank 0 owns the
 workdir (lock, manifest, logs, checkpoints); every rank computes: training shards each global batch across
-ranks (:func:`shard`), decoding shards batches of users and gathers them back in order (:func:`gather`).
+ranks (:func:`shard`), decoding shards batches of users and gathers them back in order (:func:`gather`), embed
+encodes every N-th chunk of items and rank 0 receives them in order (:func:`gather_to_main`).
 Without torchrun (``WORLD_SIZE`` unset or 1) every helper here is the identity, and nothing is initialised.
 
 The backend is NCCL when the step runs on CUDA, else gloo; on CUDA each process takes ``cuda:LOCAL_RANK``.
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-STEPS = ("cpt", "sft", "rl", "eval", "cold-eval", "recommend")
+STEPS = ("embed", "cpt", "sft", "rl", "eval", "cold-eval", "recommend")
 """The steps that run under torchrun; the others are single-process and refuse it."""
 TIMEOUT_MINUTES = 60  # a rank waits this long for the others (rank 0's validation or checkpoint) before failing
 
@@ -96,6 +97,16 @@ def gather(value: T) -> list[T]:
         return [value]
     out: list[Any] = [None] * d.get_world_size()
     d.all_gather_object(out, value)
+    return out
+
+
+def gather_to_main(value: T) -> list[T] | None:
+    """Every rank's ``value`` in rank order on rank 0, None on the others (any picklable object)."""
+    d = _dist()
+    if d is None:
+        return [value]
+    out: list[Any] | None = [None] * d.get_world_size() if d.get_rank() == 0 else None
+    d.gather_object(value, out, dst=0)
     return out
 
 

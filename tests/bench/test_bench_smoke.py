@@ -79,22 +79,30 @@ def test_decode_agrees_with_hf_generate():
 
 
 @pytest.mark.slow
-def test_quantize_compares_with_sklearn():
+def test_quantize_compares_with_faiss_and_sklearn():
+    import importlib.util
+
     proc = run_bench("bench/quantize.py", "--n", "300", "--dim", "16", "--clusters", "10", "--levels", "2",
-                     "--codes", "8", "--max-iter", "3", "--threads", "1")
-    assert "| gencli residual_kmeans (torch) |" in proc.stdout
-    assert "| sklearn KMeans per level |" in proc.stdout
+                     "--codes", "8", "--max-iter", "3", "--threads", "1", "--rounds", "2",
+                     "--methods", "gencli,faiss,sklearn")
+    assert "| gencli residual_kmeans (torch) | 1 |" in proc.stdout
+    assert "| sklearn KMeans per level | 1 |" in proc.stdout
+    if importlib.util.find_spec("faiss") is None:
+        assert "skipping faiss: the package is not installed" in proc.stdout
+    else:
+        assert "| faiss Kmeans per level | 1 |" in proc.stdout
 
 
 @pytest.mark.slow
 def test_stamp_speed_writes_one_row_per_variant(tiny_workdir, tmp_path):
     out = tmp_path / "speed.json"
-    run_bench("bench/stamp.py", "speed", "--workdir", str(tiny_workdir), "--rounds", "1", "--steps", "1",
-              "--batch-size", "2", "--min-tokens", "16", "--max-history", "5", "--variants", "base,stamp",
+    # a batch larger than the long samples: one batch per epoch, so every round wraps around the same batch
+    run_bench("bench/stamp.py", "speed", "--workdir", str(tiny_workdir), "--rounds", "2", "--steps", "2",
+              "--batch-size", "4096", "--min-tokens", "16", "--max-history", "5", "--variants", "base,stamp",
               "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["variant"] for r in rows] == ["base", "stamp"]
-    assert all(r["activation_mb"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["activation_mb"] > 0 and r["tokens_per_s"] > 0 and len(r["speedups"]) == 2 for r in rows)
 
 
 @pytest.mark.slow
@@ -157,6 +165,27 @@ def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
     for dataset, variants in (("sample", {"base", "stamp"}), ("ml100k", {"base", "map", "sap", "stamp"})):
         rows = json.loads((out / dataset / "recall.json").read_text())["rows"]
         assert {r["variant"] for r in rows} == variants and {r["seed"] for r in rows} == {0, 1}
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_cpu_writes_the_three_tables(tiny_workdir, tmp_path):
+    """bench/gpu_check.sh with its CPU override (tiny backbone, a few steps): every job finishes and
+    bench/gpu_tables.py fills the three tables from their outputs."""
+    out = tmp_path / "out"
+    run_bench("bench/gpu_check.sh", str(tiny_workdir), str(out), timeout=1500,
+              env={"DEVICE": "cpu", "MODEL": "tiny", "SEEDS": "0", "INITS": "centroid random", "STAMP_STEPS": "2",
+                   "STAMP_VAL_USERS": "10", "EVAL_BEAMS": "10", "SPEED_ROUNDS": "2", "SPEED_STEPS": "1",
+                   "SPEED_BATCH": "4", "SPEED_MIN_TOKENS": "16", "INIT_TRAIN_S": "15", "INIT_EPOCHS": "1", "SERVE_REQUESTS": "10",
+                   "SERVE_TIME": "2", "SERVE_CONC": "1,4", "THREADS": "1", "BUDGET": "1200",
+                   "WORK": str(tmp_path / "work")})
+    status = (out / "logs" / "status").read_text()
+    assert "exit 1" not in status and "exit 124" not in status and "out of time" not in status, status
+    tables = (out / "tables.md").read_text()
+    assert "| base | " in tables and "| stamp | " in tables  # speed and memory
+    assert "| 0 | valid | 800 |" in tables and "| 0 | test | 800 |" in tables  # paired, every user
+    assert "| centroid | 1.00 |" in tables or "| centroid | 0." in tables
+    assert "| random |" in tables and "not finished" not in tables
+    assert "| Recommender.recommend loop |" in tables and "| serve, 4 client(s) |" in tables
 
 
 @pytest.mark.slow

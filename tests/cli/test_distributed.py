@@ -188,3 +188,68 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_embed_on_two_processes_writes_the_one_process_matrix(small_sample, tmp_path):
+    """torchrun embed: every rank encodes every 2nd chunk, rank 0 writes them in order; the matrix is one
+    process's bit for bit (37 items in chunks of 6: the last round has a chunk of 1 for rank 0 and none for rank 1)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    for wd in (single, multi):
+        ok(gencli(small_sample.ingest_args(), wd, scratch))
+    args = ["embed", "--chunk-size", "6"]
+    one = ok(gencli(args, single, scratch))["metrics"]
+    two = ok(gencli(args, multi, scratch, nproc=2))
+    assert two["status"] == "done" and two["metrics"]["items_encoded"] == one["items"] == 37
+    assert (multi / "embed" / "embeddings.npy").read_bytes() == (single / "embed" / "embeddings.npy").read_bytes()
+    assert (multi / "embed" / "embed_info.json").read_text() == (single / "embed" / "embed_info.json").read_text()
+    assert sorted(p.name for p in (multi / "embed").iterdir()) == ["embed_info.json", "embeddings.npy", "step.json"]
+    assert ok(gencli(args, multi, scratch, nproc=2))["status"] == "up-to-date"
+    assert not list(scratch.glob("gencli-rank*"))
+
+
+def test_a_killed_embed_continues_under_torchrun_from_its_saved_chunks(sample_dir, tmp_path):
+    """One process killed with SIGKILL after half its chunks; the same command under torchrun with 2 processes keeps
+    those chunks, encodes the rest, and ends with an uninterrupted one-process run's bits."""
+    import signal
+    import time
+
+    from factories import sample_subset
+
+    from gencli.core import artifacts
+    from gencli.core.sid import chunks
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    sample_subset(sample_dir, tmp_path / "data", 240)
+    ingest = ["ingest", "--items", str(tmp_path / "data" / "items.csv"), "--interactions",
+              str(tmp_path / "data" / "interactions.csv"), "--user-core", "3", "--item-core", "0"]
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    for wd in (killed, reference):
+        ok(gencli(ingest, wd, scratch))
+    args = ["embed", "--chunk-size", "20"]
+    record = killed / ".staging" / "embed" / (artifacts.EMBEDDINGS + chunks.RECORD_SUFFIX)
+
+    def saved() -> int:
+        try:
+            return json.loads(record.read_text())["done"]
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    env = {**os.environ, "GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1", "GENCLI_NO_PROGRESS": "1", "TMPDIR": str(scratch)}
+    proc = subprocess.Popen([sys.executable, "-m", "gencli", *args, "--workdir", str(killed), "--json"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while proc.poll() is None and saved() < 120 and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"embed ended before the kill: {stderr.decode()[-2000:]}"
+    killed_at = saved()
+    assert 120 <= killed_at < 240 and killed_at % 20 == 0
+
+    resumed = ok(gencli(args, killed, scratch, nproc=2))["metrics"]
+    assert resumed["items_resumed"] >= killed_at and resumed["items"] == 240
+    ok(gencli(args, reference, scratch))
+    assert (killed / "embed" / "embeddings.npy").read_bytes() == (reference / "embed" / "embeddings.npy").read_bytes()

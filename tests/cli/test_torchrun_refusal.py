@@ -22,8 +22,8 @@ def test_single_process_commands_refuse_torchrun_once_from_rank_0(command, tmp_p
     done = subprocess.run([*TORCHRUN, *command], env=env, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path / "here")
     assert done.returncode != 0
-    message = (f"error (exit 2): gencli {command[0]} runs in one process; torchrun runs cpt, sft, eval, cold-eval, "
-               "recommend")
+    message = (f"error (exit 2): gencli {command[0]} runs in one process; torchrun runs embed, cpt, sft, eval, "
+               "cold-eval, recommend")
     assert done.stderr.count(message) == 1, done.stderr[-3000:]
     assert "exitcode  : 2" in done.stderr  # rank 0's own code, in torchrun's report
     assert list((tmp_path / "here").iterdir()) == []  # nothing written: no workdir, no bundle

@@ -21,3 +21,6 @@ def test_bench_serve_smoke(bundles, tmp_path):
     assert [d["requests"] + d["failures"] for d in (opened["batched"]["2"], opened["unbatched"]["2"])] == [24, 24]
     assert "batched, 2x loop rate" in proc.stdout and "unbatched, 2x loop rate" in proc.stdout
     assert "serve, 4 client(s)" in proc.stdout and "targets:" not in proc.stdout  # no 16-client level asked
+    counters = result["server_metrics"]  # the server's own /metrics: every request counted, batches of >= 1
+    assert counters["gencli_serve_requests_total"] >= 24 * 4 and counters["gencli_serve_batch_histories_count"] > 0
+    assert "lists decoded again alone for a near-tie" in proc.stdout

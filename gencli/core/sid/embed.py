@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gencli.config import EmbedConfig
-from gencli.core import artifacts
+from gencli.core import artifacts, dist
 from gencli.core.progress import SILENT, Progress
 from gencli.core.sid.chunks import MatrixFile
 from gencli.core.sid.incremental import VECTOR_OPTIONS, PreviousVectors, match_texts
@@ -129,10 +129,12 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
     rows = match_texts(texts, previous) if reusing else np.full(len(texts), -1, dtype=np.int64)
     todo = np.flatnonzero(rows < 0)
     model_dim = int(previous.params.get("model_dim", 0)) if reusing else 0
+    main = dist.is_main()  # under torchrun only rank 0 touches the files; every rank encodes its share of chunks
     store = MatrixFile(out_dir / artifacts.EMBEDDINGS, _attempt_key(cfg, path, texts, todo))
-    resumed = store.reopen() if resume else 0
-    if not resume:
+    resumed = store.reopen() if resume and main else 0
+    if not resume and main:
         store.discard()
+    resumed = dist.broadcast(resumed)  # where rank 0's saved chunks end: every rank continues from there
     model_dim = int(store.info.get("model_dim", model_dim))
     seconds = 0.0
     if resumed < todo.size:
@@ -146,15 +148,19 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
             progress.log(f"embed: continuing after {resumed:,} of {todo.size:,} items saved by an interrupted run")
         started = time.perf_counter()
         with progress.track("embedding items", total=int(todo.size - resumed), unit="items") as advance:
-            for start in range(resumed, todo.size, cfg.chunk_size):
-                part = todo[start : start + cfg.chunk_size]
-                vecs = normalise(encode_part(model, [texts[i] for i in part], cfg.batch_size), cfg.dim)
-                if store.matrix is None:
-                    store.create((len(texts), vecs.shape[1]))
-                store.write(part, vecs)
-                store.commit(start + len(part), model_dim=model_dim)
-                advance(len(part))
+            done = resumed
+            for stop, encoded in _encoded_rounds(model, texts, todo, resumed, cfg):
+                for part, vecs in encoded:  # rank 0's: every chunk of the round, in order (the others get none)
+                    if store.matrix is None:
+                        store.create((len(texts), vecs.shape[1]))
+                    store.write(part, vecs)
+                if main:
+                    store.commit(stop, model_dim=model_dim)
+                advance(stop - done)
+                done = stop
         seconds = time.perf_counter() - started
+    if not main:  # rank 0 writes the matrix and reports
+        return {}
     if store.matrix is None:  # every vector is reused
         store.create((len(texts), previous.vectors.shape[1]))
     if reusing:
@@ -176,6 +182,29 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
         metrics.update(items_reused=int(len(texts) - todo.size), reuse_from=str(previous.source),
                        reuse_skipped=skipped)
     return metrics
+
+
+def _encoded_rounds(model, texts: list[str], todo: np.ndarray, resumed: int, cfg: EmbedConfig):
+    """The normalised vectors of ``todo[resumed:]``, ``cfg.chunk_size`` items per chunk, a round at a time.
+
+    Yields ``(stop, [(item rows, vectors), ...])``: after the round, ``todo[:stop]`` is encoded. In one process a
+    round is one chunk. Under torchrun with N processes a round is N consecutive chunks, rank r encoding the r-th,
+    and rank 0 receives them all in order (the other ranks get an empty list). A chunk is cut and encoded exactly
+    as one process cuts and encodes it (the encoder sorts and batches texts within a call), so the gathered matrix
+    is the one-process matrix bit for bit on the same device and backend, whatever N is, and a killed run's saved
+    chunks continue with any N.
+    """
+    size, ranks, me = cfg.chunk_size, dist.world_size(), dist.rank()
+    for first in range(resumed, todo.size, size * ranks):
+        mine = todo[first + me * size : first + (me + 1) * size]
+        vecs = normalise(encode_part(model, [texts[i] for i in mine], cfg.batch_size), cfg.dim) if mine.size else None
+        stop = min(first + size * ranks, int(todo.size))
+        if ranks == 1:
+            yield stop, [(mine, vecs)]
+            continue
+        shares = dist.gather_to_main(vecs)
+        parts = [todo[first + r * size : first + (r + 1) * size] for r in range(ranks)]
+        yield stop, [(part, v) for part, v in zip(parts, shares, strict=True) if part.size] if shares else []
 
 
 def _attempt_key(cfg: EmbedConfig, model_path: Path, texts: list[str], todo: np.ndarray) -> dict[str, Any]:

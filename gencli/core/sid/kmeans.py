@@ -1,8 +1,8 @@
-"""Batched k-means in torch (CPU or CUDA): greedy k-means++ seeding and Lloyd iterations.
+"""Batched k-means kernels in torch (CPU or CUDA): nearest-centroid blocks, greedy k-means++ seeding, samples.
 
-The kernel behind :mod:`gencli.core.sid.quantize`. Squared distances are computed as
-``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` + ``min``
-per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
+The kernels behind :mod:`gencli.core.sid.lloyd` (full mode) and :mod:`gencli.core.sid.minibatch`. Squared
+distances are computed as ``||u||^2 - 2 u c^T + ||c||^2`` in blocks of ``batch_size`` rows, one fused ``addmm`` +
+``min`` per block, so the n x K distance matrix never exists for all rows at once (1M x 384 with
 K = 4096 fits). ``||u||^2`` does not change the argmin, so it is added to the n minima only.
 
 Determinism: all randomness comes from one CPU ``torch.Generator`` (so a seed gives the same
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,14 @@ Advance = Callable[[int], None]
 # most) instead of one small matmul per centroid: hundreds of tiny BLAS calls cost more than the
 # arithmetic, badly so when other processes share the cores and each threaded call waits for them.
 GRAM_MAX_ROWS = 4096
+# Full mode (gencli.core.sid.lloyd) seeds k-means++ from a uniform sample of this many rows per code, at least
+# SEED_MIN_ROWS (every row up to that), and runs Lloyd on a sample of WARM_ROWS_PER_CODE rows per code (holding
+# the seed sample) before every row: greedy k-means++ costs k x (2 + ln k) distance columns over the rows it sees,
+# more than all the Lloyd iterations after it when it sees every row; seeded and warmed this way, the
+# reconstruction error ends within +-0.3% of seeding from every row (docs/benchmarks.md, quantize).
+SEED_MIN_ROWS = GRAM_MAX_ROWS
+SEED_ROWS_PER_CODE = 16
+WARM_ROWS_PER_CODE = 32
 
 
 @dataclass
@@ -123,69 +132,37 @@ def _sqdist_to_rows(
     return out.add_(u_sqnorm[:, None]).clamp_min_(0.0)
 
 
-def lloyd(
-    u: torch.Tensor,
-    centers: torch.Tensor,
-    max_iter: int,
-    batch_size: int,
-    u_sqnorm: torch.Tensor,
-    advance: Advance | None = None,
-) -> KMeansResult:
-    """Lloyd iterations from ``centers`` until no label changes or ``max_iter``.
-
-    One iteration = E-step (assign every row to its nearest centroid) + M-step (centroid = mean of
-    its rows). The fit stops when an E-step reproduces the previous labels (the centroids are then
-    already their means). After ``max_iter`` iterations a last E-step makes the returned labels
-    the argmin w.r.t. the returned centroids (scikit-learn does the same).
-
-    Empty clusters: after an M-step, each empty cluster is re-seeded with one of the points
-    farthest from their assigned centroid (the i-th empty cluster, in index order, gets the i-th
-    farthest point; ties by row index), so nothing depends on chance.
-    """
-    k, d = centers.shape
-    centers = centers.clone()
-    previous = None
-    reseeded = 0
-    for it in range(max_iter):
-        labels, dist = nearest(u, centers, batch_size, u_sqnorm)
-        if previous is not None and torch.equal(labels, previous):
-            if advance:
-                advance(max_iter - it)
-            return KMeansResult(centers, labels, it + 1, True, reseeded)
-        reseeded += _update_centers(u, labels, dist, centers)
-        previous = labels
-        if advance:
-            advance(1)
-    labels, _ = nearest(u, centers, batch_size, u_sqnorm)
-    return KMeansResult(centers, labels, max_iter, previous is not None and torch.equal(labels, previous), reseeded)
+@contextmanager
+def one_thread(device: torch.device):
+    """torch on one CPU thread inside the block (restored after). For k-means++: about ten small operations per
+    centre, each too small to gain from threads, and on a busy machine a threaded one waits a scheduler slice
+    for its other threads (seeding on 2 threads of a loaded 2-core machine ran 7x slower than on one)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
-def _update_centers(u: torch.Tensor, labels: torch.Tensor, dist: torch.Tensor, centers: torch.Tensor) -> int:
-    """M-step in place: centers <- per-cluster means; empty clusters re-seeded. Returns how many were empty."""
-    k = centers.shape[0]
-    sums = torch.zeros_like(centers).index_add_(0, labels, u)
-    counts = torch.bincount(labels, minlength=k)
-    filled = counts > 0
-    torch.div(sums, counts.clamp_min(1).to(u.dtype)[:, None], out=centers)
-    empty = torch.nonzero(~filled).flatten()
-    if empty.numel():
-        farthest = torch.sort(dist, descending=True, stable=True).indices[: empty.numel()]
-        centers[empty[: farthest.numel()]] = u[farthest]
-    return int(empty.numel())
+def seed_rows(n: int, k: int) -> int:
+    """Rows k-means++ seeds from in full mode: max(SEED_MIN_ROWS, SEED_ROWS_PER_CODE x k), at most n."""
+    return min(n, max(SEED_MIN_ROWS, SEED_ROWS_PER_CODE * k))
 
 
-def kmeans(
-    u: torch.Tensor,
-    k: int,
-    max_iter: int,
-    generator: torch.Generator,
-    batch_size: int,
-    advance: Advance | None = None,
-) -> KMeansResult:
-    """k-means++ seeding then Lloyd on the rows of ``u`` (float32 [n, d], n >= k).
+def warm_rows(n: int, k: int) -> int:
+    """Rows of full mode's warm-up Lloyd: max(seed_rows, WARM_ROWS_PER_CODE x k), at most n."""
+    return min(n, max(seed_rows(n, k), WARM_ROWS_PER_CODE * k))
 
-    ``advance`` is called k times during seeding and max_iter times during Lloyd.
-    """
-    u_sqnorm = (u * u).sum(1)
-    centers = kmeans_plusplus(u, k, generator, u_sqnorm, advance)
-    return lloyd(u, centers, max_iter, batch_size, u_sqnorm, advance)
+
+def sample_rows(u: torch.Tensor, rows: int, generator: torch.Generator) -> torch.Tensor:
+    """``rows`` rows of ``u`` drawn uniformly without replacement from ``generator``, in row order (``u`` itself
+    when rows >= n)."""
+    n = u.shape[0]
+    if rows >= n:
+        return u
+    index = torch.randperm(n, generator=generator)[:rows].sort().values.to(u.device)
+    return u.index_select(0, index)

@@ -38,7 +38,7 @@ from gencli.core.device import peak_rss_mib, resolve_device
 from gencli.core.progress import SILENT, Progress
 from gencli.core.sid import reuse
 from gencli.core.sid.collab import blend, collab_vectors, from_text_neighbours
-from gencli.core.sid.kmeans import kmeans
+from gencli.core.sid.lloyd import kmeans
 from gencli.core.sid.minibatch import minibatch_kmeans, resolve_mode
 from gencli.core.sid.residual import (  # noqa: F401 - assign, residual_errors, ZERO_NORM: quantize's public API
     ZERO_NORM,

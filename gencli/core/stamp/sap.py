@@ -125,7 +125,8 @@ def _mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
     """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants."""
     from transformers.masking_utils import create_causal_mask
 
-    return create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=valid.long(), cache=None)
+    # positional: the cache argument is ``past_key_values`` up to transformers 5.17 and ``cache`` from 5.24 on
+    return create_causal_mask(decoder.config, hidden, valid.long(), None)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
