@@ -51,6 +51,8 @@ VENV = CACHE / "venvs" / "recbole"
 # what a gencli row keeps of sft's metrics: how far training went
 SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "train_time_s", "valid_time_s",
             "samples", "targets", "batch_size", "valid_curve", "blend", "valid_blend")
+RL_KEYS = ("method", "steps", "epochs", "stop_reason", "start_ndcg@10", "peak_ndcg@10", "peak_step", "train_time_s",
+           "valid_time_s", "prompts", "rollout_hit_rate", "average", "blend", "valid_blend")
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
 # Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
 VENV_PINS = [["torch==2.13.0"],
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantize", default="", help='quantize again in the run\'s workdir with these extra options, '
                                                    'e.g. "collab=0.5"')
     p.add_argument("--eval", default="", help='extra gencli eval options, e.g. "max-users=200"')
+    p.add_argument("--with-rl", action="store_true", help="run gencli rl after sft (eval then ranks with rl's model)")
+    p.add_argument("--rl", default="", help='extra gencli rl options (with --with-rl), e.g. "method=dpo,epochs=4"')
     p.add_argument("--keep-work", action="store_true", help="keep each gencli workdir (to eval it again)")
     p.add_argument("--skip-sasrec", action="store_true", help="no RecBole venv, no SASRec")
     p.add_argument("--skip-gencli", action="store_true", help="only ingest, SASRec and popularity")
@@ -272,11 +276,13 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
     return rows
 
 
-def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> list[dict]:
+def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict[str, list[dict]]:
     """init-vocab -> sft -> eval and cold-eval under both seen-item policies in a copy of the shared workdir: rows of
-    gencli's ranking, the model alone and the content baseline (all from gencli eval), and the exact commands."""
+    gencli's ranking, the model alone and the content baseline (all from gencli eval), and the exact commands. With
+    ``--with-rl`` rl then runs on that sft model and the evals are repeated with rl's model. Returns the rows per
+    variant label ('' and, with rl, ' + rl')."""
     # variants may run side by side, each in its own workdir
-    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}".encode()).hexdigest()[:6]
+    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}|{rl_label(args)}".encode()).hexdigest()[:6]
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
     if work.exists():  # a half-finished earlier attempt
         shutil.rmtree(work)
@@ -290,9 +296,23 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
                       [*t, *COLD_EVAL, flag, "--force", *options(args.eval)]) for policy, flag in POLICIES.items()}
     t0 = time.time()
     trained = [gencli(cmd, work)["metrics"] for cmd in train]
-    seconds = round(time.time() - t0, 1)
+    out = {"": _gencli_rows(args, dataset, work, init, seed, "", evals, train, trained[-1], None, time.time() - t0)}
+    if args.with_rl:
+        rl_cmd = [*t, "rl", "--seed", str(seed), *options(args.rl)]
+        t1 = time.time()
+        rl = gencli(rl_cmd, work)["metrics"]
+        out[rl_label(args)] = _gencli_rows(args, dataset, work, init, seed, rl_label(args), evals, [*train, rl_cmd],
+                                           trained[-1], rl, time.time() - t0, rl_seconds=time.time() - t1)
+    if not args.keep_work:
+        shutil.rmtree(work)
+    return out
+
+
+def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, seed: int, suffix_label: str,
+                 evals: dict, train: list[list[str]], sft: dict, rl: dict | None, seconds: float,
+                 rl_seconds: float | None = None) -> list[dict]:
     label = "".join(f"[{k} {v}]" for k, v in (("quantize", args.quantize), ("sft", args.sft), ("eval", args.eval))
-                    if v)
+                    if v) + suffix_label
     rows = []
     for policy, (ev_cmd, cold_cmd) in evals.items():
         ev, cold = gencli(ev_cmd, work)["metrics"], gencli(cold_cmd, work)["metrics"]
@@ -302,13 +322,19 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
             method = "content nearest-neighbour (gencli embed)" if suffix == "content" else f"gencli-{init}{label}{suffix}"
             rows.append({"dataset": dataset, "method": method, "policy": policy, "seed": seed,
                          **{m: overall[m] for m in METRICS}, **_cold_fields(cold_m), "users": overall["users"],
-                         "seconds": seconds, "decode_users_per_s": ev.get("users_per_s"),
-                         "ranking": ev.get("ranking"), "popularity_in_eval": ev.get("popularity_baseline"),
-                         "sft": {k: trained[-1].get(k) for k in SFT_KEYS},
+                         "seconds": round(seconds, 1), "decode_users_per_s": ev.get("users_per_s"),
+                         "ranking": ev.get("ranking"), "model_step": ev.get("model_step"),
+                         "popularity_in_eval": ev.get("popularity_baseline"),
+                         "sft": {k: sft.get(k) for k in SFT_KEYS},
+                         **({"rl": {k: rl.get(k) for k in RL_KEYS}, "rl_seconds": round(rl_seconds, 1)}
+                            if rl is not None else {}),
                          "commands": [" ".join(["gencli", *c]) for c in (*train, ev_cmd, cold_cmd)]})
-    if not args.keep_work:
-        shutil.rmtree(work)
     return rows
+
+
+def rl_label(args: argparse.Namespace) -> str:
+    """'' without rl; ' + rl' (with its options) when --with-rl runs it after sft."""
+    return (f" + rl[{args.rl}]" if args.rl else " + rl") if args.with_rl else ""
 
 
 def gencli_defaults() -> tuple[str, dict]:
@@ -398,17 +424,19 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
     for seed in seeds:
         for init in args.inits.split(","):
             q = f"quantize[{args.quantize}]/" if args.quantize else ""
-            key = f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/{q}sft[{args.sft}]/eval[{args.eval}]/seed{seed}"
-            if any(k.startswith(f"{key}/") for k in results["runs"]):
+            keys = {v: (f"{dataset}/{digest}/gencli-{init}/{defaults_digest}/{q}sft[{args.sft}]{v}/"
+                        f"eval[{args.eval}]/seed{seed}") for v in ("", rl_label(args))}
+            if all(any(k.startswith(f"{key}/") for k in results["runs"]) for key in keys.values()):
                 continue
             rows = {}
-            for row in gencli_row(args, dataset, shared, init, seed):
-                row.update(split=digest, gencli_defaults=defaults_digest,
-                           train_config_defaults=defaults["TrainConfig"])
-                if row["method"].startswith("gencli"):
-                    row["method"] += f" (defaults {defaults_digest})"
-                    check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity/{row['policy']}"])
-                rows[f"{key}/{row['method'].split(' (defaults')[0]}/{row['policy']}"] = row
+            for variant, found in gencli_row(args, dataset, shared, init, seed).items():
+                for row in found:
+                    row.update(split=digest, gencli_defaults=defaults_digest,
+                               train_config_defaults=defaults["TrainConfig"])
+                    if row["method"].startswith("gencli"):
+                        row["method"] += f" (defaults {defaults_digest})"
+                        check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity/{row['policy']}"])
+                    rows[f"{keys[variant]}/{row['method'].split(' (defaults')[0]}/{row['policy']}"] = row
             save_runs(args.out, results, rows)
             for k, row in rows.items():
                 print(f"{k}: R@10 {row['recall@10']:.4f} N@10 {row['ndcg@10']:.4f} cold R@10 "

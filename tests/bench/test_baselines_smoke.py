@@ -15,7 +15,8 @@ from bench_runner import run_bench
 def test_baselines_runs_popularity_and_one_gencli_variant(embedded_workdir, tmp_path):
     shutil.copytree(embedded_workdir, tmp_path / "baselines" / "sample" / "shared")  # ingest + embed up to date
     args = ["bench/baselines.py", "--dataset", "sample", "--seeds", "0", "--inits", "centroid", "--skip-sasrec",
-            "--sft", "max-steps=2,batch-size=8,max-history=5,eval-users=10,eval-beams=5", "--eval", "max-users=20"]
+            "--sft", "max-steps=2,batch-size=8,max-history=5,eval-users=10,eval-beams=5", "--eval", "max-users=20",
+            "--with-rl", "--rl", "max-steps=2,batch-size=4,eval-users=10,rollouts=4,negatives=2"]
     proc = run_bench(*args, env={"GENCLI_BENCH_CACHE": str(tmp_path)})
     results = json.loads((tmp_path / "baselines" / "results.json").read_text())["runs"]
     # every method under both seen-item policies: gencli's ranking, the model alone, the content baseline, popularity
@@ -25,10 +26,16 @@ def test_baselines_runs_popularity_and_one_gencli_variant(embedded_workdir, tmp_
     assert set(by_policy) == {"seen ranked", "seen masked"}
     for methods in by_policy.values():
         methods.sort()
-        assert methods[0] == "content nearest-neighbour (gencli embed)"
-        assert methods[1].startswith("gencli-centroid[sft max-steps=2") and not methods[1].endswith("model alone")
-        assert methods[2].endswith("model alone") and methods[3:] == ["popularity", "popularity-all-train"]
-    gencli_row = next(r for r in results.values() if r["method"].startswith("gencli"))
+        assert methods[:2] == ["content nearest-neighbour (gencli embed)"] * 2  # sft's run and rl's
+        assert methods[2].startswith("gencli-centroid[sft max-steps=2") and methods[2].endswith("]")
+        assert methods[3].endswith("] + rl[max-steps=2,batch-size=4,eval-users=10,rollouts=4,negatives=2]")
+        assert methods[4].endswith("rollouts=4,negatives=2] model alone")
+        assert methods[5].endswith("] model alone") and methods[6:] == ["popularity", "popularity-all-train"]
+    with_rl = [r for r in results.values() if "+ rl" in r["method"]]
+    assert with_rl and all(r["model_step"] == "rl" and r["rl"]["steps"] == 2 for r in with_rl)
+    assert all(r["model_step"] == "sft" for r in results.values() if r["method"].startswith("gencli") and r not in
+               with_rl)
+    gencli_row = next(r for r in results.values() if r["method"].startswith("gencli") and "+ rl" not in r["method"])
     assert gencli_row["users"] == 20 and 0 <= gencli_row["recall@10"] <= 1 and "cold_users" in gencli_row
     assert "gencli --threads 1 sft --seed 0 --max-steps 2" in " ".join(gencli_row["commands"])
     assert "--exclude-seen" in " ".join(next(r for r in results.values() if r["policy"] == "seen masked"
