@@ -54,15 +54,15 @@ def sft(workdir, json_mode, force, resume, **options):
 def rl(workdir, json_mode, force, resume, **options):
     """A rank-aware preference stage after sft, on rollouts of the constrained beam search.
 
-    Each training user's history is decoded by the current model (only real, unseen items); the target is then
-    preferred to the wrong items ranked highest (--method dpo) or the rollouts are rewarded by rank (--method grpo),
-    against the sft model. The checkpoint with the best validation NDCG@10 of the served ranking (sft's model
-    included) becomes rl's model, and the blend is fitted again.
+    The histories before each user's latest training targets are decoded by the current model (only real, unseen
+    items); the rollouts are rewarded by rank against the target (--method grpo), or the target is preferred to the
+    wrong items ranked highest (--method dpo), with the sft model as the reference. The checkpoint with the best
+    validation NDCG@10 of the served ranking (sft's model included) becomes rl's model, and the blend is fitted again.
 
     \b
     Examples:
       gencli rl
-      gencli rl --method grpo --rollouts 16 --beta 0.04
-      gencli rl --epochs 4 --targets-per-user 3
+      gencli rl --rollouts 16 --kl 0.04 --targets-per-user 4
+      gencli rl --method dpo --negatives 4 --beta 1
     """
     run_step("rl", config("rl", json_mode, options), workdir, json_mode, force, resume)

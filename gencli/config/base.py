@@ -24,7 +24,7 @@ MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, r
 SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
 TRAINING = ("cpt", "sft")  # the steps that train on tokens (STAMP's MAP and SAP-while-training options)
 TRAIN_TASKS = (*TRAINING, "rl")  # the steps of TrainConfig: rl trains on rollouts with a preference loss
-RL_METHODS = ("dpo", "grpo")  # rl --method (gencli.core.train.preference)
+RL_METHODS = ("grpo", "dpo")  # rl --method (gencli.core.train.preference); the first is the default
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:

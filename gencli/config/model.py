@@ -162,14 +162,15 @@ class TrainConfig:
     average: int = option(AVERAGE, "Average the best checkpoint with up to N - 1 other validated checkpoints still on "
                                    "disk (--keep-checkpoints), best first, each kept only when validation does not "
                                    "fall (1 = the best checkpoint alone).", steps=VALIDATED)
-    method: str = option(RL_METHODS[0], "rl: dpo (the target preferred to the --negatives wrong items the search "
-                                        "ranked highest) or grpo (group-normalised rewards over the --rollouts).",
+    method: str = option(RL_METHODS[0], "rl: grpo (group-normalised rank-aware rewards over the --rollouts, KL to sft) "
+                                        "or dpo (the target preferred to the --negatives wrong items ranked highest).",
                          choices=RL_METHODS, steps=("rl",))
-    rollouts: int = option(16, "rl: beams of the constrained search per prompt (only real, unseen items): GRPO's "
-                               "group, DPO's pool of negatives.", steps=("rl",))
+    rollouts: int = option(16, "rl: beams of the constrained search per prompt (only real items): GRPO's group, DPO's "
+                               "pool of negatives.", steps=("rl",))
+    kl: float = option(0.04, "rl grpo: weight of the KL divergence from the sft model.", steps=("rl",))
     negatives: int = option(4, "rl dpo: wrong items per prompt, the highest-ranked of the rollouts.", steps=("rl",))
-    beta: float = option(1.0, "rl: dpo's preference temperature; grpo's KL weight to the sft model.", steps=("rl",))
-    rl_targets: int = option(1, "rl: prompts per user, its latest training targets (0 = all).", steps=("rl",),
+    beta: float = option(1.0, "rl dpo: the preference temperature.", steps=("rl",))
+    rl_targets: int = option(4, "rl: prompts per user, its latest training targets (0 = all).", steps=("rl",),
                              option="--targets-per-user")
     rollout_seen: bool = option(False, "rl: let rollouts rank the prompt's history items too (eval's seen-items-ranked "
                                        "protocol), so the loss can also push seen items down; off: masked, as "
@@ -214,6 +215,7 @@ class TrainConfig:
         c.require(1 <= self.negatives < self.rollouts,
                   f"--negatives must be in [1, --rollouts) (got {self.negatives}, rollouts {self.rollouts})")
         c.positive("beta", self.beta)
+        c.positive("kl", self.kl, allow_zero=True)
         c.positive("targets-per-user", self.rl_targets, allow_zero=True)
         c.positive("patience", self.patience, allow_zero=True)
         c.positive("max-time", self.max_time, allow_zero=True)

@@ -150,11 +150,15 @@ def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
     steps = [s for s, _ in metrics["valid_curve"]]
     assert steps == [0, 2, 4] and metrics["start_ndcg@10"] == metrics["valid_curve"][0][1]
     assert metrics["peak_ndcg@10"] == max(v for _, v in metrics["valid_curve"])
-    assert metrics["prompts"] == train.height and 0 <= metrics["rollout_hit_rate"] <= 1
+    lengths = [len(seq) for seq in train["sequence"].to_list()]
+    assert metrics["prompts"] == sum(min(n - 1, 4) for n in lengths)  # the latest 4 training targets per user
+    assert 0 <= metrics["rollout_hit_rate"] <= 1
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
     start = Qwen3ForCausalLM.from_pretrained(model_dir).state_dict()
     same = all(torch.equal(final[k], start[k]) for k in start)
-    assert same == (metrics["peak_step"] == 0)  # the start model stays rl's model unless an update beat it
+    averaged = (metrics["average"] or {}).get("members", 1) > 1
+    # the start model stays rl's model unless an update, or a validated average with one, beat it
+    assert same == (metrics["peak_step"] == 0 and not averaged)
     blends = json.loads((out / artifacts.BLEND).read_text())
     assert set(blends["blends"]) == {"exclude_seen", "include_seen"}
     assert (out / artifacts.SID_VOCAB).read_bytes() == vocab_path.read_bytes()

@@ -12,7 +12,7 @@ Then, against a frozen reference (the model rl started from):
 - ``grpo`` (group-normalised policy gradient): the ``rollouts`` beams are the group; the reward is 1 for the target
   and, for a wrong beam at rank i (0-based) of a group that holds the target, minus its share of the NDCG discount
   ``(1 / log2(i + 2)) / sum_j 1 / log2(j + 2)`` (MiniOneRec's ranking reward), advantages are the rewards normalised
-  within the group, and each SID token's loss is the clipped-ratio surrogate plus ``beta`` times the k3 estimate of
+  within the group, and each SID token's loss is the clipped-ratio surrogate plus ``kl`` times the k3 estimate of
   KL(pi || pi_ref). One update per rollout: the ratio is 1 when the gradient is taken, so the clip never binds.
 
 Sequence log-probabilities are exact sums over the D SID tokens of full-vocabulary (or SID-row, ``--sid-softmax``)
@@ -111,13 +111,14 @@ class PreferenceLoss:
     rank's filler and add nothing). Rollout statistics accumulate in :attr:`stats` (this process)."""
 
     def __init__(self, source: PromptSource, item_tokens: np.ndarray, trie: SidTrie, reference: torch.nn.Module,
-                 method: str, rollouts: int, negatives: int, beta: float, clip: float = 0.2,
+                 method: str, rollouts: int, negatives: int, beta: float, kl: float = 0.04, clip: float = 0.2,
                  softmax_rows: Sequence[int] | None = None, mask_seen: bool = True):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
         self.source, self.trie, self.reference = source, trie, reference
         self.item_tokens = torch.as_tensor(item_tokens, dtype=torch.long)
         self.method, self.rollouts, self.negatives, self.beta, self.clip = method, rollouts, negatives, beta, clip
+        self.kl = kl
         self.softmax_rows = None if softmax_rows is None else list(softmax_rows)
         self.mask_seen = mask_seen
         self.stats = {"prompts": 0, "target_in_rollouts": 0, "target_first": 0}
@@ -157,7 +158,7 @@ class PreferenceLoss:
             ratio = torch.exp(logp - logp.detach())
             surrogate = -torch.minimum(ratio * adv, ratio.clamp(1 - self.clip, 1 + self.clip) * adv)
             kl = torch.exp(ref - logp) - (ref - logp) - 1
-            per_token = (surrogate + self.beta * kl) * present[:, :, None]
+            per_token = (surrogate + self.kl * kl) * present[:, :, None]
             per_prompt = per_token.sum(dim=(1, 2)) / (present.sum(dim=1).clamp(min=1) * depth)
         else:
             margin = (logp - ref).sum(dim=2)  # log pi - log pi_ref per candidate

@@ -74,7 +74,7 @@ def run(
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     rows = sid_rows(vocab) if vocab.softmax == "sid" else None
     loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
-                          cfg.negatives, cfg.beta, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
+                          cfg.negatives, cfg.beta, kl=cfg.kl, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
     ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens))
     evaluate = Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker, metric=EVAL_METRIC)
     callbacks: list[Any] = [ProgressCallback(progress, "rl")]
