@@ -114,7 +114,7 @@ MIN_EPOCH_STEPS = 128  # ... so that an epoch has at least this many optimizer s
 SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
 LR = 1e-3  # cpt's and sft's peak learning rate with --lr 0 (auto)
 RL_LR = 1e-4  # rl's: it moves a trained model, with a loss whose gradients do not shrink as cpt's and sft's do
-RL_EPOCHS = 2.0  # rl's epoch cap with --epochs 0 (auto)
+RL_EPOCHS = 1.0  # rl's epoch cap with --epochs 0 (auto): one pass over the latest 4 targets of every user
 
 
 @dataclass(frozen=True)
