@@ -197,7 +197,7 @@ def test_rerunning_a_finished_night_changes_nothing(two_days):
     before = os.path.realpath(link)
     r, again = _run(str(root / "pipeline.toml"), "--workdir", str(root / "day2"), "--previous", str(link),
                     "--promote", str(link))
-    assert [s["status"] for s in again["steps"]] == ["up-to-date"] * 5
+    assert [s["status"] for s in again["steps"]] == ["up-to-date"] * 6  # ingest, embed, quantize, init-vocab, sft, rl
     assert again["retrain"]["previous"] == day2["retrain"]["previous"]  # pinned, though the link may have moved
     assert os.path.realpath(link) == before
     if day2["promotion"]["promoted"]:

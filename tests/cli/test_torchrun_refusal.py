@@ -22,7 +22,7 @@ def test_single_process_commands_refuse_torchrun_once_from_rank_0(command, tmp_p
     done = subprocess.run([*TORCHRUN, *command], env=env, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path / "here")
     assert done.returncode != 0
-    message = (f"error (exit 2): gencli {command[0]} runs in one process; torchrun runs embed, cpt, sft, eval, "
+    message = (f"error (exit 2): gencli {command[0]} runs in one process; torchrun runs embed, cpt, sft, rl, eval, "
                "cold-eval, recommend")
     assert done.stderr.count(message) == 1, done.stderr[-3000:]
     assert "exitcode  : 2" in done.stderr  # rank 0's own code, in torchrun's report

@@ -173,7 +173,7 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path):
         snapshots.append(params_of(model))
         return {"recall@5": next(scores), "users": 3}
 
-    options = cfg(max_steps=20, eval_every=1, patience=2)
+    options = cfg(max_steps=20, eval_every=1, patience=2, average=1)  # the best checkpoint alone (soup: test_soup.py)
     summary = fit(tiny_model(), toy_examples(), options, tmp_path, pad_id=PAD, evaluate=evaluate,
                   callbacks=[EarlyStopping(options.patience)])
     assert summary["steps"] == 4 and summary["stopped_early"]

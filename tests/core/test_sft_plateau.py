@@ -73,8 +73,9 @@ def test_sft_defaults_stop_at_the_plateau_and_keep_the_best_model(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     # a learning rate too small to change a decoded beam: validation is flat from the first evaluation, so only
-    # patience (on by default) can stop the run long before the default epoch cap
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=5)
+    # patience (on by default) can stop the run long before the default epoch cap; one checkpoint, no average
+    # (the average of flat checkpoints is tested in test_soup.py)
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=5, average=1)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
