@@ -20,7 +20,8 @@ environment.
 gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
 quantize and init-vocab use sample_data/pipeline.toml's settings (``--quantize`` quantizes again in the run's
 workdir with extra options, e.g. "collab=0"). Every finished run is cached in
-``--out`` (atomic rewrite), keyed by the split's digest and the options, so a rerun skips it.
+``--out`` (atomic rewrite), keyed by the split's digest and the options, so a rerun skips it; an interrupted run's
+workdir is kept and the rerun continues in it (a killed sft resumes from its last checkpoint).
 """
 
 from __future__ import annotations
@@ -284,9 +285,8 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
     # variants may run side by side, each in its own workdir
     variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}|{rl_label(args)}".encode()).hexdigest()[:6]
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
-    if work.exists():  # a half-finished earlier attempt
-        shutil.rmtree(work)
-    shutil.copytree(shared, work)
+    if not work.exists():  # an earlier attempt's workdir is reused: gencli reruns only what is missing or stale
+        shutil.copytree(shared, work)
     t = ["--threads", "1"]
     requantize = [[*t, *QUANTIZE, *options(args.quantize)]] if args.quantize else []
     train = [*requantize,

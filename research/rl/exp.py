@@ -27,16 +27,21 @@ ap.add_argument("--from-work", default=None, help="reuse a finished sft workdir 
 ap.add_argument("--splits", default="valid,test")
 ap.add_argument("--keep", action="store_true")
 ap.add_argument("--rankings", default="model,auto")
+ap.add_argument("--shared", default=None, help="a workdir with ingest, embed and quantize done (bench/common.py "
+                "prepare_shared); default: <root>/shared-<dataset>")
+ap.add_argument("--root", default=str(Path(__file__).resolve().parent / ".cache"), help="where work and results go")
 a = ap.parse_args()
-out = Path(f"/work/exp/results/{a.name}-{a.dataset}-s{a.seed}.json")
-work = Path(f"/work/exp/work/{a.name}-{a.dataset}-s{a.seed}")
+root = Path(a.root)
+(root / "results").mkdir(parents=True, exist_ok=True)
+out = root / "results" / f"{a.name}-{a.dataset}-s{a.seed}.json"
+work = root / "work" / f"{a.name}-{a.dataset}-s{a.seed}"
 if work.exists(): shutil.rmtree(work)
 t0 = time.time()
 res = {"name": a.name, "dataset": a.dataset, "seed": a.seed, "sft_opts": a.sft, "rl_opts": a.rl}
 if a.from_work:
     shutil.copytree(a.from_work, work, symlinks=True)
 else:
-    shutil.copytree(f"/work/exp/shared-{a.dataset}", work)
+    shutil.copytree(a.shared or root / f"shared-{a.dataset}", work)
     g(["init-vocab", "--model", "tiny", "--init", a.init, "--seed", str(a.seed)], work)
     t = time.time()
     m = g(["sft", "--seed", str(a.seed), *opts(a.sft)], work)["metrics"]

@@ -1,12 +1,13 @@
 #!/bin/bash
-# usage: rlexp.sh NAME SRC_WORKDIR [gencli rl options...]
+# usage: rlexp.sh NAME SRC_WORKDIR [gencli rl options...]   (gencli on PATH; RL_ROOT: where work and results go)
+set -u
 name=$1; src=$2; shift 2
-w=/work/exp/work/rl-$name
-rm -rf $w; cp -r $src $w
-source /work/venv/bin/activate
-export PYTHONPATH=/work/exp/rlcode
+root=${RL_ROOT:-$(dirname "$0")/.cache}
+mkdir -p "$root/work" "$root/results"
+w=$root/work/rl-$name
+rm -rf "$w"; cp -r "$src" "$w"
 start=$(date +%s)
-gencli --threads 1 rl --workdir $w --json "$@" > /work/exp/results/rl-$name.json 2> /work/exp/results/rl-$name.err
+gencli --threads 1 rl --workdir "$w" --json "$@" > "$root/results/rl-$name.json" 2> "$root/results/rl-$name.err"
 echo "$name rc=$? wall=$(( $(date +%s) - start ))s"
 python3 - "$w" <<'PY'
 import json, sys

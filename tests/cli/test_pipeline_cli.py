@@ -160,34 +160,43 @@ def _rl_args(wd: Path) -> list[str]:
             "--eval-every", "6", "--eval-users", "20", "--rollouts", "4", "--negatives", "2", "--device", "cpu"]
 
 
-@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/test_engine.py
-def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
-    """SIGKILL an rl mid-run and rerun the same command: the metrics and weights of an uninterrupted run."""
-    _, wd0, _, _ = piped
+def _kill_and_resume(wd0: Path, tmp_path: Path, step: str, args, kill_at: int):
+    """Run ``args(workdir)`` straight through, and again SIGKILLed once checkpoint ``kill_at`` is on disk and rerun
+    (what cron does); return both runs' metrics and workdirs."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     for wd in (straight, killed):
         shutil.copytree(wd0, wd)
     env = {**os.environ, "CI": "1"}
-    ok = subprocess.run([sys.executable, "-m", "gencli", *_rl_args(straight), "--force"], capture_output=True,
+    ok = subprocess.run([sys.executable, "-m", "gencli", *args(straight), "--force"], capture_output=True,
                         text=True, env=env, timeout=600)
     assert ok.returncode == 0, ok.stderr
     expected = json.loads(ok.stdout.strip().splitlines()[-1])["metrics"]
-    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_rl_args(killed)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "gencli", *args(killed)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpts = killed / ".staging" / "rl" / "checkpoints"
+    ckpts = killed / ".staging" / step / "checkpoints"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(p.name.startswith("step-") and int(p.name[5:]) >= 7 for p in ckpts.iterdir()):
+        if ckpts.exists() and any(p.name.startswith("step-") and int(p.name[5:]) >= kill_at for p in ckpts.iterdir()):
             break
         time.sleep(0.05)
-    assert proc.poll() is None, "rl finished before it could be killed; make the run longer"
+    assert proc.poll() is None, f"{step} finished before it could be killed; make the run longer"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    resumed = subprocess.run([sys.executable, "-m", "gencli", *_rl_args(killed)], capture_output=True,
+    status = CliRunner().invoke(cli, ["status", "--workdir", str(killed), "--json"])
+    states = {s["step"]: s["state"] for s in _json(status)["steps"]}
+    assert states["sft"] in ("done", "stale")  # the earlier finished sft is still there
+    resumed = subprocess.run([sys.executable, "-m", "gencli", *args(killed)], capture_output=True,
                              text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     got = json.loads(resumed.stdout.strip().splitlines()[-1])["metrics"]
-    assert got["resumed_from_step"] >= 7
+    assert got["resumed_from_step"] >= kill_at
+    return expected, got, straight, killed
+
+
+@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/test_engine.py
+def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
+    """SIGKILL an rl mid-run and rerun the same command: the metrics and weights of an uninterrupted run."""
+    expected, got, straight, killed = _kill_and_resume(piped[1], tmp_path, "rl", _rl_args, 7)
     for key in ("train_loss", "start_ndcg@10", "peak_ndcg@10", "peak_step", "valid_curve", "steps", "average"):
         assert got[key] == expected[key], key
     for name in ("model.safetensors", "config.json"):
@@ -198,35 +207,7 @@ def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
 def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an sft mid-run, rerun the same command (what cron does), and get exactly the metrics of an
     uninterrupted run."""
-    _, wd0, _, _ = piped
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    for wd in (straight, killed):
-        shutil.copytree(wd0, wd)
-    env = {**os.environ, "CI": "1"}
-    ok = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(straight), "--force"], capture_output=True,
-                        text=True, env=env, timeout=600)
-    assert ok.returncode == 0, ok.stderr
-    expected = json.loads(ok.stdout.strip().splitlines()[-1])["metrics"]
-
-    proc = subprocess.Popen([sys.executable, "-m", "gencli", *_sft_args(killed)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpts = killed / ".staging" / "sft" / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(p.name.startswith("step-") and int(p.name[5:]) >= 6 for p in ckpts.iterdir()):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "sft finished before it could be killed; make the run longer"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    status = CliRunner().invoke(cli, ["status", "--workdir", str(killed), "--json"])
-    assert _json(status)["steps"][5]["state"] in ("done", "stale")  # the earlier finished sft is still there
-
-    resumed = subprocess.run([sys.executable, "-m", "gencli", *_sft_args(killed)], capture_output=True,
-                             text=True, env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    got = json.loads(resumed.stdout.strip().splitlines()[-1])["metrics"]
-    assert got["resumed_from_step"] >= 6
+    expected, got, _, _ = _kill_and_resume(piped[1], tmp_path, "sft", _sft_args, 6)
     for key in ("train_loss", "final_recall@5", "peak_recall@5", "peak_step", "valid_curve", "steps"):
         assert got[key] == expected[key], key
 

@@ -137,6 +137,41 @@ def test_grpo_loss_at_the_reference_is_zero_and_its_gradient_the_policy_gradient
         torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6)
 
 
+class _SeenTargets:
+    """The prompts of ``data`` with a target the masked search can never return: the last item of the history."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def prompt(self, i):
+        return self.data.prompt(i)
+
+    def target(self, i):
+        return self.data.history(i)[-1]
+
+    def history(self, i):
+        return self.data.history(i)
+
+
+def test_grpo_drops_groups_without_the_target_before_the_policy_passes(tmp_path):
+    model, vocab, tokens = _toy(tmp_path)
+    _, data = _examples(vocab, tokens)
+    index = list(range(len(data)))
+    loss = _loss("grpo", model, vocab, tokens, data)
+    loss(model, collate(data, index, vocab.pad_id))
+    prompts = [data.prompt(i) for i in index]
+    items, _ = constrained_beam_search(model, prompts, SidTrie(tokens), beams=6, top_k=6,
+                                       banned=[data.history(i) for i in index])
+    held = (items == np.array([data.target(i) for i in index])[:, None]).any(axis=1)
+    assert loss.stats["signal_prompts"] == loss.stats["target_in_rollouts"] == int(held.sum())
+    # no group can hold its target: nothing to prefer, a zero loss and a zero gradient on every parameter
+    blind = _loss("grpo", model, vocab, tokens, _SeenTargets(data))
+    value = blind(model, collate(data, index, vocab.pad_id))
+    assert value.item() == 0.0 and blind.stats["signal_prompts"] == 0 and blind.stats["prompts"] == len(index)
+    value.backward()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
 def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()

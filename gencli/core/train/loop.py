@@ -39,8 +39,8 @@ from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.lm.loss import IGNORE_INDEX, LossFn
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
-from gencli.core.train.batches import Examples, batches_per_epoch, collate, epoch_batches
 from gencli.core.train import soup
+from gencli.core.train.batches import Examples, batches_per_epoch, collate, epoch_batches
 from gencli.core.train.callbacks import Control, StepPlan, TrainState, fire
 from gencli.core.train.checkpoints import (
     CHECKPOINT_PREFIX,

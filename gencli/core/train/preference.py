@@ -14,6 +14,9 @@ Then, against a frozen reference (the model rl started from):
   ``(1 / log2(i + 2)) / sum_j 1 / log2(j + 2)`` (MiniOneRec's ranking reward), advantages are the rewards normalised
   within the group, and each SID token's loss is the clipped-ratio surrogate plus ``kl`` times the k3 estimate of
   KL(pi || pi_ref). One update per rollout: the ratio is 1 when the gradient is taken, so the clip never binds.
+  A group whose advantages are all 0 (the target not among its beams) has no preference to learn: it is dropped
+  before the policy and reference passes (DAPO's dynamic sampling), which halves a step's cost where the search
+  finds the target for half the prompts; its KL term goes with it.
 
 Sequence log-probabilities are exact sums over the D SID tokens of full-vocabulary (or SID-row, ``--sid-softmax``)
 log-softmaxes, as the decoder scores them; a prompt is run once and its key/value cache shared by its candidates.
@@ -96,6 +99,11 @@ def sequence_logps(model: torch.nn.Module, prompts: list[list[int]], candidates:
     return torch.cat([first[:, :, None], rest.reshape(n_users, n_cands, depth - 1)], dim=2)
 
 
+def _zero(model: torch.nn.Module) -> torch.Tensor:
+    """A zero loss that still touches every trainable parameter (DDP needs a gradient for each on every rank)."""
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+
+
 class PromptSource:
     """What a preference step reads per training example: its prompt, its target item and the items to mask."""
 
@@ -121,14 +129,14 @@ class PreferenceLoss:
         self.kl = kl
         self.softmax_rows = None if softmax_rows is None else list(softmax_rows)
         self.mask_seen = mask_seen
-        self.stats = {"prompts": 0, "target_in_rollouts": 0, "target_first": 0}
+        self.stats = {"prompts": 0, "target_in_rollouts": 0, "target_first": 0, "signal_prompts": 0}
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         device = batch["index"].device
         real = (batch["targets"] != IGNORE_INDEX).any(dim=1).cpu().numpy()
         index = batch["index"].cpu().numpy()[real]
         if index.size == 0:  # a rank's filler batch: a zero loss that still touches every parameter for DDP
-            return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            return _zero(model)
         prompts = [self.source.prompt(int(i)) for i in index]
         targets = np.array([self.source.target(int(i)) for i in index], dtype=np.int64)
         was_training = model.training
@@ -143,7 +151,13 @@ class PreferenceLoss:
         self.stats["target_first"] += int(hit[:, 0].sum())
         rows = None if self.softmax_rows is None else torch.as_tensor(self.softmax_rows, device=device)
         if self.method == "grpo":
-            cands, weights = items, group_advantages(grpo_rewards(items, targets), items >= 0)
+            weights = group_advantages(grpo_rewards(items, targets), items >= 0)
+            signal = np.abs(weights).sum(axis=1) > 0
+            self.stats["signal_prompts"] += int(signal.sum())
+            if not signal.any():
+                return _zero(model)
+            prompts, cands, weights = [p for p, keep in zip(prompts, signal, strict=True) if keep], items[signal], \
+                weights[signal]
         else:
             cands = np.concatenate([targets[:, None], hard_negatives(items, targets, self.negatives)], axis=1)
             weights = None
