@@ -277,7 +277,8 @@ def popularity_rows(dataset: str, split: dict) -> list[dict]:
     return rows
 
 
-def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int) -> dict[str, list[dict]]:
+def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, seed: int,
+               has_cold: bool = True) -> dict[str, list[dict]]:
     """init-vocab -> sft -> eval and cold-eval under both seen-item policies in a copy of the shared workdir: rows of
     gencli's ranking, the model alone and the content baseline (all from gencli eval), and the exact commands. With
     ``--with-rl`` rl then runs on that sft model and the evals are repeated with rl's model. Returns the rows per
@@ -293,7 +294,8 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
              [*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
              [*t, "sft", "--seed", str(seed), *options(args.sft)]]
     evals = {policy: ([*t, *EVAL, flag, "--force", *options(args.eval)],
-                      [*t, *COLD_EVAL, flag, "--force", *options(args.eval)]) for policy, flag in POLICIES.items()}
+                      [*t, *COLD_EVAL, flag, "--force", *options(args.eval)] if has_cold else None)
+             for policy, flag in POLICIES.items()}  # cold-eval refuses an empty cohort (ML-100k's 5-core split)
     t0 = time.time()
     trained = [gencli(cmd, work)["metrics"] for cmd in train]
     out = {"": _gencli_rows(args, dataset, work, init, seed, "", evals, train, trained[-1], None, time.time() - t0)}
@@ -315,9 +317,10 @@ def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, 
                     if v) + suffix_label
     rows = []
     for policy, (ev_cmd, cold_cmd) in evals.items():
-        ev, cold = gencli(ev_cmd, work)["metrics"], gencli(cold_cmd, work)["metrics"]
-        parts = (("", ev["overall"], cold["overall"]), (" model alone", ev["model_only"], cold["model_only"]),
-                 ("content", ev["content_baseline"], cold["content_baseline"]))
+        ev = gencli(ev_cmd, work)["metrics"]
+        cold = gencli(cold_cmd, work)["metrics"] if cold_cmd else {}
+        parts = (("", ev["overall"], cold.get("overall")), (" model alone", ev["model_only"], cold.get("model_only")),
+                 ("content", ev["content_baseline"], cold.get("content_baseline")))
         for suffix, overall, cold_m in parts:
             method = "content nearest-neighbour (gencli embed)" if suffix == "content" else f"gencli-{init}{label}{suffix}"
             rows.append({"dataset": dataset, "method": method, "policy": policy, "seed": seed,
@@ -328,7 +331,7 @@ def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, 
                          "sft": {k: sft.get(k) for k in SFT_KEYS},
                          **({"rl": {k: rl.get(k) for k in RL_KEYS}, "rl_seconds": round(rl_seconds, 1)}
                             if rl is not None else {}),
-                         "commands": [" ".join(["gencli", *c]) for c in (*train, ev_cmd, cold_cmd)]})
+                         "commands": [" ".join(["gencli", *c]) for c in (*train, ev_cmd, cold_cmd) if c]})
     return rows
 
 
@@ -429,7 +432,8 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
             if all(any(k.startswith(f"{key}/") for k in results["runs"]) for key in keys.values()):
                 continue
             rows = {}
-            for variant, found in gencli_row(args, dataset, shared, init, seed).items():
+            has_cold = bool(cold_users(split).any())
+            for variant, found in gencli_row(args, dataset, shared, init, seed, has_cold).items():
                 for row in found:
                     row.update(split=digest, gencli_defaults=defaults_digest,
                                train_config_defaults=defaults["TrainConfig"])
