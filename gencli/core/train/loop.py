@@ -192,11 +192,15 @@ def fit(
 
     best = out_dir / artifacts.BEST_DIR
     averaged = None
-    if evaluate is not None and cfg.average > 1 and best.is_dir() and state.best_step is not None:
-        pool = soup.candidates(ckpt_dir, state.evals, metric, state.best_step)
-        if pool:  # validation ran: the final model is the best checkpoint, or a validated average around it
+    if evaluate is not None and cfg.average > 1 and state.best_step is not None:
+        # under torchrun only rank 0 writes best/ and the checkpoints: every rank averages rank 0's (one machine),
+        # and every rank must take part, as the validations of the average are sharded
+        shared = dist.broadcast((best, soup.candidates(ckpt_dir, state.evals, metric, state.best_step))
+                                if best.is_dir() else None)
+        if shared is not None and shared[1]:  # the final model is the best checkpoint, or a validated average
             t0 = time.perf_counter()
-            averaged = soup.greedy_soup(model, evaluate, metric, best, state.best_metric, pool, cfg.average)
+            averaged = soup.greedy_soup(model, evaluate, metric, shared[0], state.best_metric, shared[1],
+                                        cfg.average)
             valid_time += time.perf_counter() - t0
             log.write({"kind": "average", "step": state.global_step, **averaged})
     log.close()

@@ -31,7 +31,7 @@ import torch
 
 from gencli.config import StampConfig, TrainConfig
 from gencli.config.model import BATCH
-from gencli.core import artifacts
+from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device
 from gencli.core.infer.blend import (
     FIT_K,
@@ -103,6 +103,8 @@ class Validation:
         served (seen items masked) and applies to both seen-item policies: its content parts never rank a history
         item, and one fit keeps sft's validation cheap."""
         ev = self.evaluator
+        # under torchrun only rank 0 wrote the model (fit returns there after writing it): every rank decodes it
+        model_dir = dist.broadcast(Path(model_dir))
         if self.best is not None and self.runs == evals and self.best[0] == best:
             cands = self.best[1]
         else:
