@@ -15,6 +15,7 @@ environment.
     python bench/baselines.py --dataset sample --skip-gencli             # SASRec + popularity only
     python bench/baselines.py --skip-sasrec --sft "max-steps=2,batch-size=8" --inits centroid --seeds 0
     python bench/baselines.py --dataset ml100k-all --seeds 0 --skip-sasrec  # ML-100k without the item 5-core
+    python bench/baselines.py --dataset ml100k-new --inits centroid --skip-sasrec  # new items: a real cold cohort
     python bench/baselines.py --table                                     # table of the cached runs
 
 gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
@@ -62,7 +63,8 @@ VENV_PINS = [["torch==2.13.0"],
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="sample,ml100k", help="sample, ml100k or both (comma-separated)")
+    p.add_argument("--dataset", default="sample,ml100k", help="sample, ml100k, ml100k-all or ml100k-new "
+                                                                 "(comma-separated; bench/common.py)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")
     p.add_argument("--sft", default="", help='extra gencli sft options, e.g. "max-steps=400,lr=0.003,stamp"')
@@ -328,6 +330,7 @@ def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, 
                          "seconds": round(seconds, 1), "decode_users_per_s": ev.get("users_per_s"),
                          "ranking": ev.get("ranking"), "model_step": ev.get("model_step"),
                          "popularity_in_eval": ev.get("popularity_baseline"),
+                         "no_history": ev.get("no_history"), "by_history": ev.get("by_history"),
                          "sft": {k: sft.get(k) for k in SFT_KEYS},
                          **({"rl": {k: rl.get(k) for k in RL_KEYS}, "rl_seconds": round(rl_seconds, 1)}
                             if rl is not None else {}),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,7 +22,8 @@ CACHE = Path(os.environ.get("GENCLI_BENCH_CACHE") or REPO / "bench" / ".cache")
 SAMPLE = REPO / "sample_data"
 RECBOLE_WHEEL = "recbole==1.2.1"
 ML100K_IN_WHEEL = "recbole/dataset_example/ml-100k/"
-DATASETS = ("sample", "ml100k", "ml100k-all")  # ml100k-all: no item 5-core, so rare items (a cold cohort) stay
+DATASETS = ("sample", "ml100k", "ml100k-all", "ml100k-new")  # ml100k-all: no item 5-core; ml100k-new: new items
+NEW_ITEM_SHARE = 0.2  # ml100k-new: the share of items, by the time of their first rating, that are new
 
 
 def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
@@ -55,6 +57,37 @@ def ml100k_folder() -> Path:
     return folder
 
 
+def ml100k_new_folder(share: float = NEW_ITEM_SHARE, source: Path | None = None) -> Path:
+    """MovieLens-100k with new items (a real cold cohort): the ``share`` of items first rated last are new, and each
+    user's log keeps what they rated before their first new item, that item and their second new item (later events
+    are dropped). Under the leave-one-out split the last new item is the test target and, for a user with two, the
+    first is the validation target: a new item is never a training target (count 0), every user who rated one is in
+    the cold cohort with the history they had then, and validation has cold users to fit on. Other users keep their
+    whole log.
+    Deterministic: items ordered by first-rating time, ties by item id; a user's events by time, ties by file line."""
+    import polars as pl
+
+    source = source or ml100k_folder()
+    target = CACHE / f"ml100k-new-{share:g}"
+    if (target / "ml-100k.inter").is_file():
+        return target
+    log = pl.read_csv(source / "ml-100k.inter", separator="\t", infer_schema_length=0)
+    user, item, stamp = log.columns[0], log.columns[1], log.columns[3]
+    log = log.with_row_index("_line").with_columns(pl.col(stamp).cast(pl.Float64).alias("_t"))
+    first = log.group_by(item).agg(pl.col("_t").min().alias("_first")).sort(["_first", item])
+    new = first.tail(round(first.height * share))[item]
+    log = log.sort([user, "_t", "_line"]).with_columns(pl.col(item).is_in(new.implode()).alias("_new"))
+    nth = pl.col("_new").cast(pl.Int64).cum_sum().over(user)  # new items rated so far, this one included
+    kept = log.filter((nth == 0) | (pl.col("_new") & (nth <= 2))).sort("_line")
+    tmp = target.with_name(target.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    kept.select(log.columns[1:5]).write_csv(tmp / "ml-100k.inter", separator="\t")
+    shutil.copy(source / "ml-100k.item", tmp / "ml-100k.item")
+    tmp.rename(target)
+    return target
+
+
 def ingest_args(dataset: str) -> list[str]:
     """The ingest command line of a bench dataset (5-core, leave-one-out: the defaults)."""
     if dataset == "sample":
@@ -63,6 +96,8 @@ def ingest_args(dataset: str) -> list[str]:
         return ["ingest", "--format", "movielens", "--items", str(ml100k_folder())]
     if dataset == "ml100k-all":
         return ["ingest", "--format", "movielens", "--items", str(ml100k_folder()), "--item-core", "0"]
+    if dataset == "ml100k-new":
+        return ["ingest", "--format", "movielens", "--items", str(ml100k_new_folder()), "--item-core", "0"]
     raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
 
 

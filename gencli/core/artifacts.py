@@ -24,6 +24,8 @@ TOKEN_MAP = "token_map.json"  # {"levels": [K_0, .., K_{L-1}, K_dedup], "tokens"
 # init-vocab/, cpt/, sft/
 MODEL_DIR = "model"  # plain HF folder (model + tokenizer); from_pretrained works without gencli
 BLEND = "blend.json"  # sft: {"exclude_seen": blend, "include_seen": blend, "fit": {...}} (core/infer/blend.py)
+ITEM_PRIOR = "item_prior.npy"  # sft, rl: float64 [2, n_items]: row 0 training-target counts, row 1 the no-history
+#                                prior (core/infer/prior.py); the ranking's evidence about each item
 SID_VOCAB = "sid_vocab.json"  # {"token_ids": [[id of <sid_l_k> for k] for l incl. dedup], "bos_id": int|null,
 #                               "eos_id": int|null, "pad_id": int, "base_vocab_size": int}
 BASE_MODEL_DIR = "base"  # init-vocab/base: the tiny preset built from the catalog text (absent for other backbones)
@@ -45,14 +47,14 @@ def sid_token(level: int, code: int) -> str:
 
 def model_id(step: str, files: dict[str, str]) -> str:
     """What names a model wherever it is: its step and a digest of its files (``sft@3f2a9c1d0b7e``): the sha256 of
-    every ``model/...`` file, of ``sid_vocab.json`` and of ``blend.json`` (how it ranks), by relative path
+    every ``model/...`` file, of ``sid_vocab.json``, ``blend.json`` and ``item_prior.npy`` (how it ranks), by relative path
     (``files``: path -> sha256, as a step's ``step.json`` outputs and a bundle's ``gencli.json`` list them). A
     workdir's model and the bundle exported from it have the same id, and so do two runs that trained the same
     weights; it is every recommendation's ``model``."""
     import hashlib
 
     picked = sorted((path, digest) for path, digest in files.items()
-                    if path.startswith(f"{MODEL_DIR}/") or path in (SID_VOCAB, BLEND))
+                    if path.startswith(f"{MODEL_DIR}/") or path in (SID_VOCAB, BLEND, ITEM_PRIOR))
     listing = "".join(f"{path}\t{digest}\n" for path, digest in picked)
     return f"{step}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
 

@@ -131,18 +131,25 @@ def trained_history(step: str, record: dict[str, Any]) -> int:
 def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_tokens):
     """The :class:`~gencli.core.infer.blend.Ranker` of a model folder (its blend.json when ``ranking`` is auto)."""
     from gencli.core import artifacts
-    from gencli.core.infer.blend import Ranker, first_groups, read_blends
+    from gencli.core.infer.blend import Ranker, first_groups, read_blends, read_history_blends
     from gencli.core.infer.content import ContentScorer
+    from gencli.core.infer.prior import read_item_prior
     from gencli.fileio import parse_json
 
     if vectors.shape[0] != len(item_tokens):
         raise ArtifactError(f"embed has vectors for {vectors.shape[0]} items but quantize has SIDs for "
                             f"{len(item_tokens)}; rerun `gencli embed` and `gencli quantize`")
-    blends = None
+    blends = by_history = None
     path = model_folder / artifacts.BLEND
     if ranking == "auto" and path.is_file():
         try:
-            blends = read_blends(parse_json(path.read_text(encoding="utf-8")).get("blends"), str(path))
+            record = parse_json(path.read_text(encoding="utf-8"))
+            blends = read_blends(record.get("blends"), str(path))
+            by_history = read_history_blends(record.get("by_history"), str(path))
         except (ValueError, AttributeError, UnicodeDecodeError, TypeError, OverflowError) as exc:
             raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
-    return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends)
+    try:
+        counts, prior = read_item_prior(model_folder / artifacts.ITEM_PRIOR, len(item_tokens))
+    except ValueError as exc:
+        raise ArtifactError(f"{model_folder}: {exc}; rerun `gencli {model_step} --force`") from None
+    return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends, counts=counts, by_history=by_history, prior=prior)

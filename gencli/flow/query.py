@@ -170,17 +170,18 @@ def answer(cfg, query: Query, progress=None) -> Answers:
     ids = [None if u is None else str(u) for u, _ in queries]
     answers = [{"user_id": u,
                 "items": [{**r._asdict(), "rank": n} for n, r in enumerate(rec.to_recommendations(items, scores), 1)],
-                "skipped": s, "history_used": len(h)}
+                "skipped": s, "history_used": len(h), "fallback": bool(rec.falls_back(h))}
                for u, items, scores, s, h in zip(ids, ranked.items, ranked.scores, skipped, histories, strict=True)]
     warnings = []
     if unknown_all:
         warnings.append(f"skipped {len(unknown_all)} distinct history item id(s) not in the catalog "
                         f"({sum(map(len, skipped))} occurrences) "
                         f"({', '.join(unknown_all[:MAX_LISTED])}); --strict makes this an error")
-    blind = sum(1 for a in answers if a["skipped"] and not a["history_used"])
+    blind = [a for a in answers if a["skipped"] and not a["history_used"]]
     if blind:
-        warnings.append(f"{blind} user(s) had only unknown history ids: their lists are the model's unconditional "
-                        f"top {cfg.k} (history_used 0 in the answer)")
+        what = ("the no-history prior, what has been popular lately (fallback true in the answer)"
+                if blind[0]["fallback"] else f"the model's unconditional top {cfg.k} (history_used 0 in the answer)")
+        warnings.append(f"{len(blind)} user(s) had only unknown history ids: their lists are {what}")
     result = Answers(answers, histories, rec.titles, provenance, warnings, output)
     if output is not None:
         from gencli.core.infer.workdir import long_frame

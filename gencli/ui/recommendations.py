@@ -27,7 +27,7 @@ def print_user(c, user_id, history_titles: list[str], items: list[dict], last: i
     shown = history_titles[-last:]
     more = len(history_titles) - len(shown)
     who = f"user {user_id}" if user_id is not None else "ad-hoc history"
-    recent = "; ".join(printable(t) for t in shown) or "(empty: the model's unconditional top items)"
+    recent = "; ".join(printable(t) for t in shown) or "(empty: what has been popular lately)"
     c.print(f"\n[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
             soft_wrap=True)
     table = Table(show_header=True, header_style="bold")

@@ -26,13 +26,13 @@ def _json(result):
 
 
 def _model_id(workdir, step="sft"):
-    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files, sid_vocab.json and
-    blend.json."""
+    """docs/formats.md: the step, then 12 hex digits of the sha256 over its model/ files, sid_vocab.json,
+    blend.json and item_prior.npy."""
     import hashlib
 
     outputs = json.loads((workdir / step / "step.json").read_text())["outputs"]
     listing = sorted((o["path"], o["sha256"]) for o in outputs
-                     if o["path"].startswith("model/") or o["path"] in ("sid_vocab.json", "blend.json"))
+                     if o["path"].startswith("model/") or o["path"] in ("sid_vocab.json", "blend.json", "item_prior.npy"))
     return f"{step}@" + hashlib.sha256("".join(f"{p}\t{d}\n" for p, d in listing).encode()).hexdigest()[:12]
 
 
@@ -314,3 +314,65 @@ def test_docs_formats_md_describes_metrics_json_as_eval_writes_it(trained):
     assert all(f"`{key}`" in row for key in written)  # every top-level key is named
     assert all(f"`{block}`" in row.split("`metrics`: the blocks", 1)[1] for block in written["metrics"])
     assert "overall" in json.loads((trained / "eval" / "step.json").read_text())["metrics"]
+
+
+def test_a_visitor_without_history_gets_what_is_popular_lately_everywhere(trained, catalog, tmp_path):
+    """#38: an empty history, or one of unknown ids only, is answered by sft's no-history prior (item_prior.npy),
+    flagged as a fallback, the same list from the workdir, a bundle, Recommender and recommend_batch."""
+    import numpy as np
+
+    from gencli.core.infer.prior import prior_order
+    from gencli.core.infer.recommend import Recommender
+
+    ids, _ = catalog
+    counts, prior = np.load(trained / "sft" / "item_prior.npy")
+    assert (counts == np.bincount([i for s in pl.read_parquet(trained / "ingest" / "train.parquet")["sequence"]
+                                   for i in s[1:]], minlength=len(ids))).all()
+    expected = [ids[i] for i in prior_order(prior, counts)[:5]]
+    record = json.loads((trained / "sft" / "blend.json").read_text())["prior"]
+    assert record["half_life_days"] in [row["half_life_days"] for row in record["valid"]]
+    for history in ("", "nope-1,nope-2"):
+        answer = _json(_run(trained, "recommend", "--history", history, "--k", "5", "--json"))["recommendations"][0]
+        assert [i["item_id"] for i in answer["items"]] == expected and answer["fallback"] is True
+        assert answer["history_used"] == 0
+        scores = [i["score"] for i in answer["items"]]
+        assert scores == pytest.approx(np.log(np.sort(prior)[::-1][:5] / prior.sum()).tolist(), rel=1e-5)
+    known = _json(_run(trained, "recommend", "--history", ids[0], "--k", "5", "--json"))["recommendations"][0]
+    assert known["fallback"] is False and known["history_used"] == 1
+    model = _json(_run(trained, "recommend", "--history", "", "--k", "5", "--ranking", "model", "--json"))
+    assert model["recommendations"][0]["fallback"] is False  # the model alone answers with its own list
+    out = tmp_path / "shop"
+    assert _run(trained, "export", str(out), "--json").exit_code == 0
+    assert (out / "item_prior.npy").read_bytes() == (trained / "sft" / "item_prior.npy").read_bytes()
+    rec = Recommender.load(out)
+    assert [r.item_id for r in rec.recommend([], k=5)] == expected
+    with pytest.warns(UserWarning, match="skipped 1 item id"):
+        batch = rec.recommend_batch([[], ["nope"], [ids[0]]], k=5)
+    assert [r.item_id for r in batch[0]] == [r.item_id for r in batch[1]] == expected
+    bundle = _json(_bundle(out, "--history", "", "--k", "5", "--json"))["recommendations"][0]
+    assert [i["item_id"] for i in bundle["items"]] == expected and bundle["fallback"] is True
+
+
+def test_eval_reports_history_lengths_and_the_no_history_answer(trained):
+    import numpy as np
+
+    from gencli.core.infer.metrics import popularity_order, rank_of_target
+
+    written = json.loads((trained / "eval" / "metrics.json").read_text())
+    test = pl.read_parquet(trained / "ingest" / "test.parquet")
+    preds = pl.read_parquet(trained / "eval" / "predictions.parquet")
+    lengths = {u: len(h) for u, h in zip(test["user_idx"], test["history"], strict=True)}
+    by = written["by_history"]
+    assert set(by) == {"gencli", "model_only", "content", "popularity"}
+    assert sum(b["users"] for b in by["gencli"].values()) == written["users"]
+    for label, block in by["gencli"].items():  # each bucket is the users of that history length
+        low, high = {"1": (1, 1), "2-3": (2, 3), "4-9": (4, 9), "10+": (10, 10**9)}[label]
+        inside = [u for u in preds["user_idx"].to_list() if low <= lengths[u] <= high]
+        rows = preds.filter(pl.col("user_idx").is_in(inside))
+        assert block["users"] == rows.height
+        assert block["recall@10"] == pytest.approx(float(((rows["rank"] >= 1) & (rows["rank"] <= 10)).mean()))
+    counts, prior = np.load(trained / "sft" / "item_prior.npy")
+    targets = preds["target"].to_numpy()
+    pop = rank_of_target(np.broadcast_to(popularity_order(counts)[:10], (len(targets), 10)), targets)
+    assert written["no_history"]["popularity"]["recall@10"] == pytest.approx(float(((pop >= 1) & (pop <= 10)).mean()))
+    assert set(written["no_history"]) >= {"gencli", "popularity", "content"}

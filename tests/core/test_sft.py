@@ -131,8 +131,9 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
                       save_every=2, patience=0)
     whole = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "whole", embeddings=emb)
     record = json.loads((tmp_path / "whole" / artifacts.BLEND).read_text())
-    assert record["blends"]["exclude_seen"] == record["blends"]["include_seen"] == whole["blend"]
-    assert record["fit"]["users"] == 8 and record["fit"]["policy"] == "exclude_seen"
+    assert record["blends"]["exclude_seen"] == whole["blend"]  # each policy is fitted on its own candidates
+    assert record["fit"]["users"] == 8 and set(record["fit"]["valid_include_seen"]) == {"blend", "model", "content"}
+    assert set(record["by_history"]) == {"exclude_seen", "include_seen"}
     best = max(record["fit"]["grid"], key=lambda r: r["recall@10"] + r["ndcg@10"])
     assert best["recall@10"] + best["ndcg@10"] == pytest.approx(record["fit"]["valid"]["blend"]["recall@10"]
                                                                 + record["fit"]["valid"]["blend"]["ndcg@10"])
@@ -145,9 +146,13 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
 
     vocab = load_sid_vocab(vocab_path)
     tokens = item_token_ids(CODES, vocab)
+    from gencli.core.data.tables import train_target_counts
+
     fresh = sft.Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
-                           ranker=Ranker(ContentScorer(emb), first_groups(tokens)))
-    again = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_recall@5"])
+                           ranker=Ranker(ContentScorer(emb), first_groups(tokens),
+                                         counts=train_target_counts(train, len(tokens))))
+    again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_recall@5"])
     assert again == record
+    assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()
     with pytest.raises(Exception, match="embed has vectors for 3 items"):
         sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "bad", embeddings=emb[:3])

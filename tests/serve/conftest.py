@@ -51,6 +51,17 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
         out[name] = root / name
         bundle.write_bundle(out[name], root / f"model-{name}", root / artifacts.SID_VOCAB, ids, titles, codes, meta,
                             users=known_users() if name == "a" else None)
+    # ``ranked``: ``b``'s model with content vectors, a blend and a no-history prior (item i scores i: the last first)
+    ranking = root / "ranking"
+    ranking.mkdir()
+    (ranking / artifacts.BLEND).write_text(json.dumps({"blends": {
+        p: {"weight": 0.5, "prefix": 0.2, "temperature": 0.5, "cold": 2.0} for p in ("exclude_seen", "include_seen")}}))
+    np.save(ranking / artifacts.ITEM_PRIOR, np.stack([np.arange(N_ITEMS) % 3, np.arange(N_ITEMS)]).astype(np.float64))
+    meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {},
+            "decode": {"max_history": MAX_HISTORY, "k": 10, "beams": 20, "exclude_seen": True}}
+    out["ranked"] = root / "ranked"
+    bundle.write_bundle(out["ranked"], root / "model-b", root / artifacts.SID_VOCAB, ids, titles, codes, meta,
+                        embeddings=rng.standard_normal((N_ITEMS, 8)).astype(np.float32), blend=ranking / artifacts.BLEND)
     out["broken"] = root / "broken"
     shutil.copytree(out["b"], out["broken"])
     weights = out["broken"] / "model" / "model.safetensors"

@@ -114,6 +114,22 @@ def test_known_users_are_answered_from_the_histories_the_bundle_carries(bundles,
               result["items"])
 
 
+def test_a_visitor_without_history_gets_the_bundles_prior_flagged_as_a_fallback(bundles, serving):
+    """#38: an empty history (or unknown ids only) is answered by the prior the bundle carries, item 39 first."""
+    from gencli.core.infer.recommend import Recommender
+
+    rec = Recommender.load(bundles["ranked"])
+    expected = [f"i{i:03d}" for i in range(39, 34, -1)]  # the 40-item catalog of conftest
+    assert [r.item_id for r in rec.recommend([], k=5)] == expected
+    with serving(bundles["ranked"]) as service, httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
+        batch = client.post("/v1/recommend/batch", json={"histories": [[], ["gone"], ["i001"]], "k": 5}).json()
+        one = client.post("/v1/recommend", json={"history": [], "k": 5}).json()
+    assert [r["fallback"] for r in batch["results"]] == [True, True, False]
+    for result in batch["results"][:2] + [one]:
+        assert [i["item_id"] for i in result["items"]] == expected
+    _same(rec.recommend(["i001"], k=5), batch["results"][2]["items"])
+
+
 def test_a_bundle_without_users_says_so_for_a_user_id(bundles, serving):
     with serving(bundles["b"]) as service, httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
         assert client.get("/readyz").json()["users"] == 0

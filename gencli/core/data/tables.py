@@ -110,6 +110,24 @@ def train_target_counts(train: pl.DataFrame, n_items: int) -> np.ndarray:
     return np.bincount(targets.to_numpy().astype(np.int64), minlength=n_items).astype(np.int64)
 
 
+def train_target_times(interactions: pl.DataFrame, train: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(item_idx, timestamp) of every training target, each training sequence's events after its first: a user's
+    training sequence is the start of their chronological interactions (ingest writes both in that order)."""
+    log = interactions.group_by("user_idx", maintain_order=True).agg(pl.col("item_idx").alias("_items"),
+                                                                     pl.col("timestamp").alias("_times"))
+    joined = train.select("user_idx", "sequence").join(log, on="user_idx", how="left", maintain_order="left")
+    out_items: list[int] = []
+    out_times: list[int] = []
+    for user, seq, logged, stamps in zip(joined["user_idx"].to_list(), joined["sequence"].to_list(),
+                                         joined["_items"].to_list(), joined["_times"].to_list(), strict=True):
+        if logged is None or list(logged[: len(seq)]) != list(seq):
+            raise ArtifactError(f"user_idx {user}: the training sequence is not the start of their interactions; "
+                                "the ingest tables come from different runs: rerun `gencli ingest --force`")
+        out_items.extend(seq[1:])
+        out_times.extend(stamps[1: len(seq)])
+    return np.asarray(out_items, dtype=np.int64), np.asarray(out_times, dtype=np.float64)
+
+
 def popularity_buckets(counts: np.ndarray, head_mass: float = 0.2, tail_mass: float = 0.2) -> np.ndarray:
     """'head' / 'torso' / 'tail' per item from its count (e.g. :func:`train_target_counts`).
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gencli.core.infer.content import (
+    COLD_BOOSTS,
     CONTENT_CANDIDATES,
     MODEL_ONLY,
     TEMPERATURES,
@@ -32,9 +33,13 @@ from gencli.core.infer.content import (
     top_by_score,
     user_chunks,
 )
-from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, rank_of_target, recall_at_k
 
 FIT_K = 10  # the blend maximises Recall@FIT_K + NDCG@FIT_K on validation users
+COLD_MAX_COUNT = 1  # a cold user's target was a training target at most this many times (cold-eval's default)
+COLD_TOLERANCE = 0.005  # the fit gives up at most this share of the best validation score for the cold users
+MIN_COLD_USERS = 20  # fewer cold validation users than this: the fit ignores them
+MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 
 
 def first_groups(item_tokens: np.ndarray) -> np.ndarray:
@@ -62,6 +67,14 @@ class Candidates:
     """float32 [U, B]."""
     content_items: np.ndarray
     """int64 [U, C]: the content baseline's ranking (highest cosine first, allowed items only)."""
+    evidence: np.ndarray | None = None
+    """float64 [U, M]: 1 / (1 + training-target count) of each candidate (0 for padding); None: counts unknown."""
+
+    def take(self, rows: np.ndarray) -> Candidates:
+        """The same candidates for a subset of the users (row indices)."""
+        return Candidates(self.items[rows], self.model[rows], {t: v[rows] for t, v in self.content.items()},
+                          {t: v[rows] for t, v in self.prefix.items()}, self.beam_items[rows], self.beam_scores[rows],
+                          self.content_items[rows], None if self.evidence is None else self.evidence[rows])
 
 
 def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
@@ -90,12 +103,13 @@ def _group_log_softmax(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
 def candidates(beam_items: np.ndarray, beam_scores: np.ndarray, scorer: ContentScorer,
                histories: Sequence[Sequence[int]], exclude_seen: bool,
                first_logp: np.ndarray | None = None, groups: np.ndarray | None = None,
-               temperatures: Sequence[float] = TEMPERATURES, n_content: int = CONTENT_CANDIDATES) -> Candidates:
+               temperatures: Sequence[float] = TEMPERATURES, n_content: int = CONTENT_CANDIDATES,
+               counts: np.ndarray | None = None) -> Candidates:
     """Join the beam's ranking [U, B] with the content side for the same users. The content and prefix parts never
     rank a history item (an item is trivially most similar to itself; repeats are the model's to predict), and the
     content baseline (``content_items``) skips them only with ``exclude_seen``, as the beam did; ``first_logp`` [U, G]: the model's log-probabilities of the G first codes and
     ``groups`` [n_items] each item's first-code index (:func:`first_groups`); without them the prefix part is
-    absent (-inf)."""
+    absent (-inf). ``counts`` [n_items]: training-target counts, for the blend's ``cold`` boost."""
     n_users, n_items = len(histories), len(scorer)
     if beam_items.shape[0] != n_users:
         raise ValueError(f"the beam ranked {beam_items.shape[0]} users but {n_users} histories were given")
@@ -132,14 +146,19 @@ def candidates(beam_items: np.ndarray, beam_scores: np.ndarray, scorer: ContentS
                                for a in arrays]) if arrays else np.zeros((0, width), dtype)
 
     empty = {t: np.full((n_users, width), -np.inf) for t in temperatures}
+    items = stack([p[0] for p in parts], -1, np.int64)
+    evidence = None
+    if counts is not None:
+        evidence = np.where(items >= 0, 1.0 / (1.0 + np.asarray(counts, np.float64)[np.maximum(items, 0)]), 0.0)
     return Candidates(
-        items=stack([p[0] for p in parts], -1, np.int64),
+        items=items,
         model=stack([p[1] for p in parts], -np.inf, np.float64),
         content={t: stack([p[2][t] for p in parts], -np.inf, np.float64) for t in temperatures},
         prefix={t: stack([p[3][t] for p in parts], -np.inf, np.float64) for t in temperatures} if use_prefix
         else empty,
         beam_items=beam_items, beam_scores=beam_scores,
         content_items=np.concatenate([p[4] for p in parts]) if parts else np.zeros((0, n_content), np.int64),
+        evidence=evidence,
     )
 
 
@@ -157,10 +176,12 @@ def blended_log_prob(c: Candidates, blend: Blend) -> np.ndarray:
     t = float(blend.temperature)
     if t not in c.content:
         raise ValueError(f"these candidates hold temperatures {sorted(c.content)}, not {t}")
+    boost = np.log1p(blend.cold * c.evidence) if blend.cold > 0 and c.evidence is not None else 0.0
     terms = []
-    for share, part in ((blend.weight, c.model), (blend.prefix, c.prefix[t]), (blend.content, c.content[t])):
+    for share, part, text in ((blend.weight, c.model, False), (blend.prefix, c.prefix[t], True),
+                              (blend.content, c.content[t], True)):
         if share > 0:
-            terms.append(math.log(share) + part)
+            terms.append(math.log(share) + part + (boost if text else 0.0))
     with np.errstate(invalid="ignore"):
         out = terms[0] if len(terms) == 1 else np.logaddexp.reduce(np.stack(terms), axis=0)
     return np.where(c.items >= 0, np.nan_to_num(out, nan=-np.inf), -np.inf)
@@ -198,28 +219,91 @@ def content_ranking(c: Candidates, k: int) -> np.ndarray:
     return c.content_items[:, :k]
 
 
-def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1) -> tuple[Blend, list[dict]]:
+def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1,
+              cold: np.ndarray | None = None, boosts: Sequence[float] | None = None) -> tuple[Blend, list[dict]]:
     """The blend with the best Recall@k + NDCG@k on these (validation) users over model and prefix shares on a
-    grid of ``step`` (0.1: WEIGHTS) and the temperatures the candidates hold; every point tried is returned."""
+    grid of ``step`` (0.1: WEIGHTS), the temperatures the candidates hold and the ``boosts`` of the text parts for
+    rarely seen items (default COLD_BOOSTS when the candidates know the counts); every point tried is returned.
+
+    ``cold`` (bool per user: the target was a training target at most COLD_MAX_COUNT times), with at least
+    MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
+    (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
+    gives them whatever suits the rest; this trades a bounded share of the overall score for them."""
     targets = np.asarray(targets)
     grid = WEIGHTS if step == 0.1 else tuple(round(i * step, 4) for i in range(int(round(1 / step)) + 1))
+    if boosts is None:
+        boosts = COLD_BOOSTS if c.evidence is not None else (0.0,)
+    use_cold = cold is not None and int(np.sum(cold)) >= MIN_COLD_USERS
     table: list[dict] = []
-    best: tuple | None = None
+    points: list[tuple[tuple, Blend, float]] = []  # (tie-break key, blend, cold score)
     with_prefix = any(np.isfinite(v).any() for v in c.prefix.values())
     for weight in grid:
         prefixes = [p for p in grid if p <= round(1 - weight, 4)] if with_prefix else [0.0]
         for prefix in prefixes:
             temps = sorted(c.content) if weight < 1 else [min(c.content, key=lambda t: abs(t - 0.2))]
             for t in temps:
-                blend = Blend(weight, min(prefix, 1 - weight), t)
-                ranks = target_ranks(c, blend, targets)
-                row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
-                table.append(row)
-                key = (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2))
-                if best is None or key > best[0]:
-                    best = (key, blend)
-    assert best is not None
+                for b in boosts if weight < 1 else (0.0,):
+                    blend = Blend(weight, min(prefix, 1 - weight), t, b)
+                    ranks = target_ranks(c, blend, targets)
+                    row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
+                    cold_score = 0.0
+                    if use_cold:
+                        row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
+                        row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
+                        cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
+                    table.append(row)
+                    key = (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2), -b)
+                    points.append((key, blend, cold_score))
+    if not points:
+        raise ValueError("fit_blend: no blend to try")
+    best = max(points, key=lambda p: p[0])
+    if use_cold:
+        floor = best[0][0] * (1 - COLD_TOLERANCE)
+        best = max((p for p in points if p[0][0] >= floor), key=lambda p: (p[2], p[0]))
     return best[1], table
+
+
+def history_buckets(histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each history's length bucket (metrics.HISTORY_BUCKETS' labels; "0" for an empty one)."""
+    lengths = np.array([len(h) for h in histories], dtype=np.int64)
+    labels = np.full(lengths.shape, "0", dtype="<U4")
+    for label, low, high in HISTORY_BUCKETS:
+        labels[(lengths >= low) & (lengths <= (high if high is not None else np.iinfo(np.int64).max))] = label
+    return labels
+
+
+def fit_by_history(c: Candidates, targets: np.ndarray, histories: Sequence[Sequence[int]], shared: Blend,
+                   k: int = FIT_K) -> tuple[dict[str, Blend], dict]:
+    """Blends of their own for the history-length buckets with at least MIN_BUCKET_USERS validation users (a short
+    history says less to the model and as much to the text), kept where they generalise: two-fold, a blend fitted on
+    one half of the bucket's users must beat the ``shared`` blend on the other half, summed over both halves (a
+    bucket's own optimum always beats the shared blend on the users it was fitted on). Returns them and a report per
+    bucket tried."""
+    labels = history_buckets(histories)
+    targets = np.asarray(targets)
+
+    def score(sub: Candidates, blend: Blend, t: np.ndarray) -> float:
+        ranks = target_ranks(sub, blend, t)
+        return recall_at_k(ranks, k) + ndcg_at_k(ranks, k)
+
+    own: dict[str, Blend] = {}
+    report: dict = {}
+    for label, _, _ in HISTORY_BUCKETS:
+        rows = np.flatnonzero(labels == label)
+        if rows.size < MIN_BUCKET_USERS:
+            continue
+        held = {"shared": 0.0, "own": 0.0}
+        for fit_rows, test_rows in ((rows[::2], rows[1::2]), (rows[1::2], rows[::2])):
+            half = fit_blend(c.take(fit_rows), targets[fit_rows], k)[0]
+            test = c.take(test_rows)
+            held["shared"] += score(test, shared, targets[test_rows]) * test_rows.size / rows.size
+            held["own"] += score(test, half, targets[test_rows]) * test_rows.size / rows.size
+        blend = fit_blend(c.take(rows), targets[rows], k)[0]
+        report[label] = {"users": int(rows.size), "blend": blend.to_dict(), "kept": held["own"] > held["shared"],
+                         f"held-out recall@{k} + ndcg@{k}": held}
+        if held["own"] > held["shared"]:
+            own[label] = blend
+    return own, report
 
 
 POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: what is served, and eval's protocol
@@ -227,6 +311,21 @@ POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: wha
 
 def policy(exclude_seen: bool) -> str:
     return POLICIES[0] if exclude_seen else POLICIES[1]
+
+
+def read_history_blends(record: object, where: str) -> dict[str, dict[str, Blend]] | None:
+    """{policy: {bucket: Blend}} from blend.json's "by_history" (None when absent: files from before it)."""
+    if record is None:
+        return None
+    labels = {label for label, _, _ in HISTORY_BUCKETS}
+    if not isinstance(record, dict) or not set(record) <= set(POLICIES) or not all(
+            isinstance(v, dict) and set(v) <= labels for v in record.values()):
+        raise ValueError(f"{where}: by_history must map a policy to {{bucket ({', '.join(sorted(labels))}): blend}}, "
+                         f"got {str(record)[:200]}")
+    try:
+        return {p: {label: Blend.from_dict(b) for label, b in v.items()} for p, v in record.items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: by_history: {exc}") from None
 
 
 def read_blends(record: object, where: str) -> dict[str, Blend]:
@@ -249,20 +348,55 @@ class Ranker:
     scorer: ContentScorer
     groups: np.ndarray
     blends: dict[str, Blend] | None = None
+    counts: np.ndarray | None = None
+    """Training-target count per item (the blend's ``cold`` boost reads it); None: unknown, no boost."""
+    by_history: dict[str, dict[str, Blend]] | None = None
+    """{policy: {history-length bucket: Blend}}: buckets ranked by a blend of their own (:func:`fit_by_history`)."""
+    prior: np.ndarray | None = None
+    """The answer to a user without history: a score per item (:mod:`gencli.core.infer.prior`); None: the model's."""
 
     def blend(self, exclude_seen: bool) -> Blend:
         return MODEL_ONLY if self.blends is None else self.blends[policy(exclude_seen)]
 
+    def parts(self, exclude_seen: bool, histories: Sequence[Sequence[int]]) -> list[tuple[np.ndarray, Blend]]:
+        """(user rows, blend) covering every user: the buckets with a blend of their own, the rest the shared one."""
+        base, rows = self.blend(exclude_seen), np.arange(len(histories))
+        special = (self.by_history or {}).get(policy(exclude_seen), {}) if self.blends is not None else {}
+        if not special:
+            return [(rows, base)]
+        labels = history_buckets(histories)
+        out = [(rows[labels == label], b) for label, b in special.items() if (labels == label).any()]
+        rest = ~np.isin(labels, list(special))
+        return [*out, (rows[rest], base)] if rest.any() else out
+
+    def blended(self, exclude_seen: bool) -> bool:
+        """Whether any user's ranking mixes content in (else the beam's ranking is the answer)."""
+        special = (self.by_history or {}).get(policy(exclude_seen), {}) if self.blends is not None else {}
+        return not all(b.model_only for b in (self.blend(exclude_seen), *special.values()))
+
+    def rank_candidates(self, c: Candidates, histories: Sequence[Sequence[int]], exclude_seen: bool,
+                        k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`rank` with each user's blend."""
+        parts = self.parts(exclude_seen, histories)
+        if len(parts) == 1:
+            return rank(c, parts[0][1], k)
+        items = np.full((len(histories), k), -1, np.int64)
+        scores = np.full((len(histories), k), -np.inf, np.float32)
+        for rows, blend in parts:
+            got, got_scores = rank(c.take(rows), blend, k)
+            items[rows, : got.shape[1]], scores[rows, : got.shape[1]] = got, got_scores
+        return items, scores
+
     def candidates(self, beam_items: np.ndarray, beam_scores: np.ndarray, first_logp: np.ndarray | None,
                    histories: Sequence[Sequence[int]], exclude_seen: bool,
                    temperatures: Sequence[float] | None = None) -> Candidates:
-        temps = temperatures or [self.blend(exclude_seen).temperature]
+        temps = temperatures or sorted({b.temperature for _, b in self.parts(exclude_seen, histories)})
         return candidates(beam_items, beam_scores, self.scorer, histories, exclude_seen, first_logp, self.groups,
-                          temps)
+                          temps, counts=self.counts)
 
     def rank(self, beam_items: np.ndarray, beam_scores: np.ndarray, first_logp: np.ndarray | None,
              histories: Sequence[Sequence[int]], exclude_seen: bool, k: int) -> tuple[np.ndarray, np.ndarray]:
-        blend = self.blend(exclude_seen)
-        if blend.model_only:
+        if not self.blended(exclude_seen):
             return beam_items[:, :k], beam_scores[:, :k]
-        return rank(self.candidates(beam_items, beam_scores, first_logp, histories, exclude_seen), blend, k)
+        cands = self.candidates(beam_items, beam_scores, first_logp, histories, exclude_seen)
+        return self.rank_candidates(cands, histories, exclude_seen, k)

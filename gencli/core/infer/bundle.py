@@ -98,8 +98,10 @@ def write_bundle(
                           "history": pl.Series(users[1], dtype=pl.List(pl.Int32))}).write_parquet(staging / USERS)
         if embeddings is not None:
             np.save(staging / artifacts.EMBEDDINGS, np.ascontiguousarray(embeddings, dtype=np.float32))
-        if blend is not None:
+        if blend is not None:  # with the model step's evidence about each item, when it has it
             shutil.copyfile(blend, staging / artifacts.BLEND)
+            if (Path(blend).parent / artifacts.ITEM_PRIOR).is_file():
+                shutil.copyfile(Path(blend).parent / artifacts.ITEM_PRIOR, staging / artifacts.ITEM_PRIOR)
         paths = [p for p in sorted(staging.rglob("*")) if p.is_file()]
         files = {p.relative_to(staging).as_posix(): p.stat().st_size for p in paths}
         digests = {p.relative_to(staging).as_posix(): sha256_file(p) for p in paths}
@@ -361,8 +363,9 @@ def _tokens(path: Path, codes: np.ndarray, vocab: Any) -> np.ndarray:
 def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     """The bundle's ranker: EMBEDDINGS (one row per item) and the blends of BLEND; a bundle without EMBEDDINGS ranks
     by the model alone (bundles exported before the blend), one without BLEND by the model with content beside it."""
-    from gencli.core.infer.blend import Ranker, first_groups, read_blends
+    from gencli.core.infer.blend import Ranker, first_groups, read_blends, read_history_blends
     from gencli.core.infer.content import ContentScorer
+    from gencli.core.infer.prior import read_item_prior
 
     file = Path(path) / artifacts.EMBEDDINGS
     if not file.is_file():
@@ -374,16 +377,22 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != len(item_tokens):
         raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
                          f"{vectors.dtype} {vectors.shape}")
-    blends = None
+    blends = by_history = None
     blend_file = Path(path) / artifacts.BLEND
     if blend_file.is_file():
         try:
             record = parse_json(blend_file.read_text(encoding="utf-8"))
             blends = read_blends(record.get("blends") if isinstance(record, dict) else record, artifacts.BLEND)
+            by_history = read_history_blends(record.get("by_history") if isinstance(record, dict) else None,
+                                             artifacts.BLEND)
         except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:  # 1e400 as an int overflows
             raise _bad(path, f"{artifacts.BLEND} is damaged ({_shown(str(exc), 200)})") from None
     try:
         scorer = ContentScorer(vectors)
     except ValueError as exc:
         raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None
-    return Ranker(scorer, first_groups(item_tokens), blends)
+    try:
+        counts, prior = read_item_prior(Path(path) / artifacts.ITEM_PRIOR, len(item_tokens))
+    except ValueError as exc:
+        raise _bad(path, str(exc)) from None
+    return Ranker(scorer, first_groups(item_tokens), blends, counts=counts, by_history=by_history, prior=prior)

@@ -14,6 +14,11 @@ prefix part is how a new or rare item is recommended: the model has never emitte
 region of SID space (the first code) as well for such items as for any other, and the text picks the item inside it.
 The three shares (summing to 1) and the temperature are fitted on validation users by sft; ``w_model = 1`` is the
 model alone, bit for bit.
+
+The text parts weigh more where the model knows less: with ``cold`` = b > 0, the prefix and content terms of an item
+that was a training target n times are multiplied by 1 + b / (1 + n) (TIGER and LIGER's point: a generative model
+rarely emits an item it has seen few times, while the text knows every item equally well). b = 0 is the plain
+mixture; b is fitted on validation with the shares.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ CONTENT_CANDIDATES = 50  # items per user and signal that may enter a blended to
 USER_CHUNK_CELLS = 4_000_000  # users x catalog cosines computed at once (16 MB of float32)
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # the blend's model share, fitted on validation
 TEMPERATURES = (0.2, 0.5, 1.0, 2.0)  # content softmax temperatures, fitted on validation
+COLD_BOOSTS = (0.0, 2.0, 8.0, 32.0, 128.0)  # the text parts' boost b for items with few training targets, fitted
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,11 @@ class Blend:
     """The share of p_model(first code) x content within that code, in [0, 1 - weight]; the rest is content alone."""
     temperature: float = 0.2
     """Softmax temperature of the content cosines (> 0); lower = the content shares go to fewer items."""
+    cold: float = 0.0
+    """b >= 0: the prefix and content terms of an item seen n times as a training target weigh 1 + b / (1 + n)."""
 
     def __post_init__(self) -> None:
-        for name in ("weight", "prefix", "temperature"):
+        for name in ("weight", "prefix", "temperature", "cold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"blend {name} must be a number (got {value!r})")
@@ -55,6 +63,8 @@ class Blend:
             raise ValueError(f"blend prefix must be in [0, 1 - weight] (got {self.prefix} with weight {self.weight})")
         if not 0.0 < self.temperature <= 10.0:
             raise ValueError(f"blend temperature must be in (0, 10] (got {self.temperature})")
+        if not 0.0 <= self.cold <= 1e6:
+            raise ValueError(f"blend cold must be in [0, 1e6] (got {self.cold})")
 
     @property
     def model_only(self) -> bool:
@@ -65,13 +75,15 @@ class Blend:
         return max(0.0, 1.0 - self.weight - self.prefix)
 
     def to_dict(self) -> dict:
-        return {"weight": float(self.weight), "prefix": float(self.prefix), "temperature": float(self.temperature)}
+        out = {"weight": float(self.weight), "prefix": float(self.prefix), "temperature": float(self.temperature)}
+        return {**out, "cold": float(self.cold)} if self.cold else out  # absent at 0: older readers take the file
 
     @classmethod
     def from_dict(cls, record: Any) -> Blend:
         """A Blend from its JSON record (ValueError naming what is wrong)."""
-        if not isinstance(record, dict) or set(record) - {"weight", "prefix", "temperature"} or "weight" not in record:
-            raise ValueError(f'a blend is {{"weight": w, "prefix": p, "temperature": t}}, got {record!r}')
+        keys = {"weight", "prefix", "temperature", "cold"}
+        if not isinstance(record, dict) or set(record) - keys or "weight" not in record:
+            raise ValueError(f'a blend is {{"weight": w, "prefix": p, "temperature": t, "cold": b}}, got {record!r}')
         return cls(**record)
 
 

@@ -21,16 +21,21 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blend import Ranker, content_ranking, fit_blend, rank
-from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES
+from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES, top_by_score
 from gencli.core.infer.metrics import (
+    by_history_length,
     coverage_at_k,
+    ndcg_at_k,
+    popularity_order,
     popularity_percentile_at_k,
     popularity_ranks,
     rank_of_target,
     ranking_metrics,
+    recall_at_k,
     seeded_subsample,
     summarize,
 )
+from gencli.core.infer.prior import prior_top
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
@@ -155,11 +160,15 @@ class Evaluator:
         else:
             temps = TEMPERATURES if fit_step else None
             cands = self.ranker.candidates(out[0], out[1], out[2], self.histories, self.exclude_seen, temps)
-            blend = fit_blend(cands, self.targets, step=fit_step)[0] if fit_step else \
-                self.ranker.blend(self.exclude_seen)
-            items, scores = rank(cands, blend, top)
+            if fit_step:
+                blend = fit_blend(cands, self.targets, step=fit_step, boosts=(0.0,))[0]
+                items, scores = rank(cands, blend, top)
+            else:
+                blend = self.ranker.blend(self.exclude_seen)
+                items, scores = self.ranker.rank_candidates(cands, self.histories, self.exclude_seen, top)
             result["blend"], result["candidates"] = blend, cands
             result["model_only"] = ranking_metrics(out[0][:, :top], self.targets, ks, groups)
+            result["model_items"] = out[0][:, :top]
             result["content_items"] = content_ranking(cands, top)
             result["content"] = ranking_metrics(result["content_items"], self.targets, ks, groups)
         seconds = time.perf_counter() - started
@@ -196,6 +205,48 @@ def versus_baselines(result: dict, targets: np.ndarray, counts: np.ndarray, ks: 
         beyond[f"coverage@{k}"] = coverage_at_k(result["items"], n_items, k)
         beyond[f"popularity_percentile@{k}"] = popularity_percentile_at_k(result["items"], counts, k)
     out["beyond_accuracy"] = beyond
+    return out
+
+
+def by_history(result: dict, evaluator: Evaluator, counts: np.ndarray, blind_lists: dict[str, np.ndarray]) -> dict:
+    """Recall@10 / NDCG@10 by the length of the users' histories for gencli, the model alone, the content baseline
+    and popularity ("by_history"), and each one's answer to a user without history scored on the same targets
+    ("no_history"; ``blind_lists``: method -> its one list)."""
+    targets, top = evaluator.targets, result["items"].shape[1]
+    k = min(10, top)
+    lengths = np.array([len(h) for h in evaluator.histories])
+    ranks = {"gencli": result["ranks"]}
+    if "model_items" in result:
+        ranks["model_only"] = rank_of_target(result["model_items"], targets)
+        ranks["content"] = rank_of_target(result["content_items"], targets)
+    ranks["popularity"] = popularity_ranks(counts, targets, top, evaluator.histories if evaluator.exclude_seen else None)
+    blind = {}
+    for method, items in blind_lists.items():
+        r = rank_of_target(np.broadcast_to(items[:k], (len(targets), min(k, items.size))), targets)
+        blind[method] = {f"recall@{k}": recall_at_k(r, k), f"ndcg@{k}": ndcg_at_k(r, k), "users": int(len(targets))}
+    return {"by_history": {m: by_history_length(r, lengths, k) for m, r in ranks.items()}, "no_history": blind}
+
+
+def blind_lists(model, evaluator: Evaluator, ranker: Ranker | None, counts: np.ndarray, bos_id: int | None, beams: int,
+                top: int, device, softmax_rows) -> dict[str, np.ndarray]:
+    """Each method's one list for a user without history: gencli's (the prior with the blend, else the model's),
+    the model alone's (the prompt is BOS alone; none without a BOS token), the content baseline's (a zero profile)
+    and popularity's."""
+    out: dict[str, np.ndarray] = {}
+    model_list = None
+    if bos_id is not None:
+        found = constrained_beam_search(model, [[bos_id]], evaluator.trie, beams=beams, top_k=top, batch_size=1,
+                                        device=device, softmax_rows=softmax_rows)[0][0]
+        model_list = found[found >= 0]
+    if ranker is not None and ranker.blends is not None and ranker.prior is not None:
+        out["gencli"] = prior_top(ranker.prior, ranker.counts, top)[0]
+    elif model_list is not None:
+        out["gencli"] = model_list
+    if model_list is not None and ranker is not None:
+        out["model_only"] = model_list
+    if ranker is not None:
+        out["content"] = top_by_score(ranker.scorer.cosines([[]]).astype(np.float64), top)[0]
+    out["popularity"] = popularity_order(counts)[:top]
     return out
 
 
@@ -274,6 +325,9 @@ def run(
         if "content_baseline" in extra:
             result["metrics"]["content_baseline"] = extra.pop("content_baseline")
             result["metrics"]["model_only"] = extra.pop("model_only")["overall"]
+        lists = blind_lists(model, evaluator, ranker, train_counts, vocab.bos_id, cfg.beams, max(cfg.k), device,
+                            vocab.all_ids if vocab.softmax == "sid" else None)
+        extra.update(by_history(result, evaluator, train_counts, lists))
     summary = {
         "split": cfg.split,
         "exclude_seen": cfg.exclude_seen,

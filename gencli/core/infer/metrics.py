@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 GROUP_ORDER = ("head", "torso", "tail")  # popularity buckets first, in this order; other groups sorted after
+HISTORY_BUCKETS = (("1", 1, 1), ("2-3", 2, 3), ("4-9", 4, 9), ("10+", 10, None))  # eval's table by history length
 
 
 def seeded_subsample(rows: int | np.ndarray, size: int, seed: int) -> np.ndarray:
@@ -125,3 +126,16 @@ def popularity_percentile_at_k(items: np.ndarray, counts: np.ndarray, k: int) ->
     top = np.asarray(items)[:, :k]
     top = top[top >= 0]
     return float(percentile[top].mean()) if top.size else 0.0
+
+
+def by_history_length(ranks: np.ndarray, lengths: np.ndarray, k: int = 10) -> dict:
+    """{bucket: {"users": n, "recall@k": .., "ndcg@k": ..}} over HISTORY_BUCKETS of the users' history lengths (the
+    items before the target); buckets without users are left out (an empty history is a bucket of its own, "0")."""
+    ranks, lengths = np.asarray(ranks), np.asarray(lengths)
+    out: dict = {}
+    for label, low, high in (("0", 0, 0), *HISTORY_BUCKETS):
+        inside = (lengths >= low) & (lengths <= (high if high is not None else np.iinfo(np.int64).max))
+        if inside.any():
+            out[label] = {"users": int(inside.sum()), f"recall@{k}": recall_at_k(ranks[inside], k),
+                          f"ndcg@{k}": ndcg_at_k(ranks[inside], k)}
+    return out

@@ -5,9 +5,11 @@ The prompt is eval's (:func:`gencli.core.lm.prompt.build_prompt`: BOS + the SIDs
 exactly eval's (with the same ranker: the blend of model and content, :mod:`gencli.core.infer.blend`).
 With ``exclude_seen`` every item of the history is banned inside the decoder
 (:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
-that many, with no over-generation and filtering afterwards. An empty history gives the model's
-unconditional top K (the prompt is BOS alone). A score is the summed log-probability of the item's
-SID tokens: higher is better, comparable within one user's list.
+that many, with no over-generation and filtering afterwards. An empty history (or one of unknown ids only) gets
+the no-history prior, what has been popular lately (:mod:`gencli.core.infer.prior`, fitted by sft), with the blend;
+the model alone (``--ranking model``, or a model step from before the prior) answers it with its unconditional top K
+(the prompt is BOS alone). A score is the summed log-probability of the item's SID tokens (the blend's, or the
+prior's log share): higher is better, comparable within one user's list.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gencli.config.base import MAX_BEAMS
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blend import Ranker
+from gencli.core.infer.prior import prior_top
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
 from gencli.core.progress import SILENT, Progress
@@ -52,6 +55,8 @@ class Ranked:
     """int64 [U, K]."""
     scores: np.ndarray
     """float32 [U, K], -inf where items is -1."""
+    fallback: np.ndarray | None = None
+    """bool [U]: the user had no usable history and got the no-history prior (:mod:`gencli.core.infer.prior`)."""
 
 
 class Recommender:
@@ -165,11 +170,22 @@ class Recommender:
         bad = sorted({i for h in histories for i in h if not 0 <= i < len(self.item_ids)})
         if bad:
             raise InputError(f"item indices {bad[:5]} are outside the catalog of {len(self.item_ids)} items")
+        blind = np.array([self.falls_back(h) for h in histories], dtype=bool)
+        if blind.any():  # no history to condition on: what has been popular lately, not the model's guess
+            items = np.full((len(histories), k), -1, np.int64)
+            scores = np.full((len(histories), k), -np.inf, np.float32)
+            top, logs = prior_top(self.ranker.prior, self.ranker.counts, k)
+            items[blind, : top.size], scores[blind, : top.size] = top, logs
+            rest = np.flatnonzero(~blind)
+            if rest.size:
+                ranked = self.rank([histories[i] for i in rest], k, beams, exclude_seen, max_history, prune, progress)
+                items[rest], scores[rest] = ranked.items, ranked.scores
+            return Ranked(items, scores, blind)
         prompts = [build_prompt(h, self.item_tokens, max_history or self.max_history, self.vocab.bos_id)
                    for h in histories]
         if not prompts:
-            return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
-        blended = self.ranker is not None and not self.ranker.blend(exclude_seen).model_only
+            return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), np.zeros(0, bool))
+        blended = self.ranker is not None and self.ranker.blended(exclude_seen)
         seen = [list(h) for h in histories]
         out = constrained_beam_search(
             self.model, prompts, self.trie, beams=beams, top_k=beams if blended else k, batch_size=batch_size,
@@ -182,7 +198,13 @@ class Recommender:
             items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
         else:
             items, scores = out[0], out[1]
-        return Ranked(items, scores)
+        return Ranked(items, scores, np.zeros(len(histories), bool))
+
+    def falls_back(self, history: Sequence[int]) -> bool:
+        """Whether this history (item indices) gets the no-history prior: it is empty and the ranking is the blend
+        of a model step that fitted a prior."""
+        ranker = self.ranker
+        return len(history) == 0 and ranker is not None and ranker.blends is not None and ranker.prior is not None
 
     def _check_full(self, histories, items: np.ndarray, scores: np.ndarray, k: int, exclude_seen: bool) -> None:
         """The search returns min(k, allowed items) per history by construction; less, or a NaN score, means the

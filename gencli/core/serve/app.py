@@ -2,8 +2,8 @@
 
 | route | answer |
 | --- | --- |
-| ``POST /v1/recommend`` | one history's (or known user's) top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "history_from", "k", "exclude_seen", "bundle"}`` |
-| ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped", "history_from"[, "user_id"]}, ...], "k", "exclude_seen", "bundle"}``, in input order |
+| ``POST /v1/recommend`` | one history's (or known user's) top K: ``{"user_id", "items": [{"item_id", "score", "title"}], "skipped", "history_from", "fallback", "k", "exclude_seen", "bundle"}`` |
+| ``POST /v1/recommend/batch`` | ``{"results": [{"items", "skipped", "history_from", "fallback"[, "user_id"]}, ...], "k", "exclude_seen", "bundle"}``, in input order |
 | ``GET /healthz`` | 200 while the process serves HTTP |
 | ``GET /readyz`` | 200 with the served bundle while requests are taken; 503 while draining, or failed (a server thread died) |
 | ``GET /metrics`` | the Prometheus text format (:class:`ServeMetrics`) |
@@ -91,7 +91,8 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         source = "request" if query.known_users is None else "bundle"
         out = [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown,
-                "history_from": source} for (items, scores), (_, unknown) in zip(rows, resolved, strict=True)]
+                "history_from": source, "fallback": rec.falls_back(known)}
+               for (items, scores), (known, unknown) in zip(rows, resolved, strict=True)]
         return out
 
     def stored(served: Served, user: str, name: str) -> list[int]:

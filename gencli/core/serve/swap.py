@@ -145,7 +145,7 @@ def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_ba
     users = KnownUsers(carried) if carried is not None else None
     if decode_batch:
         rec.batch_size = decode_batch  # histories per pass of the search (the constructor's batch_size)
-    rec.rank([[]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
+    rec.rank([[0]], k=1)  # first-call costs (allocations, lazy init) paid here, not by the first request
     shape = numerics(rec)
     if like is not None and like.numerics == shape:
         tie_rtol, seen, probes = like.tie_rtol, like.tie_seen, 0

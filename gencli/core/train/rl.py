@@ -13,7 +13,6 @@ blend is then fitted again to that model (``blend.json``), as sft does.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
+from gencli.core.data import tables
 from gencli.core.device import resolve_device
 from gencli.core.infer.blend import Ranker, first_groups
 from gencli.core.infer.content import ContentScorer
@@ -34,7 +34,7 @@ from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLim
 from gencli.core.train.loop import fit
 from gencli.core.train.preference import PreferenceLoss
 from gencli.core.train.samples import PromptExamples
-from gencli.core.train.sft import Validation, check_frames, sid_rows
+from gencli.core.train.sft import Validation, check_frames, prior_events, sid_rows, write_ranking
 from gencli.errors import InputError
 
 EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
@@ -51,6 +51,7 @@ def run(
     out_dir: Path,
     progress: Progress = SILENT,
     resume: bool = False,
+    events: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
     ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``cfg.max_history`` is the prompt
@@ -75,7 +76,8 @@ def run(
     rows = sid_rows(vocab) if vocab.softmax == "sid" else None
     loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
                           cfg.negatives, cfg.beta, kl=cfg.kl, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
-    ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens))
+    ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens),
+                    counts=tables.train_target_counts(train, len(item_tokens)))
     evaluate = Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker, metric=EVAL_METRIC)
     callbacks: list[Any] = [ProgressCallback(progress, "rl")]
     if cfg.patience > 0:
@@ -89,8 +91,8 @@ def run(
     (out_dir / artifacts.SID_VOCAB).write_bytes(Path(vocab_path).read_bytes())  # sft's, softmax included
     curve = summary.pop("evals")
     best = summary[f"best_{EVAL_METRIC}"]
-    blends = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best)
-    (out_dir / artifacts.BLEND).write_text(json.dumps(blends, indent=2) + "\n", encoding="utf-8")
+    blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events)
+    write_ranking(out_dir, blends, stats)
     start = curve[0][EVAL_METRIC] if curve and curve[0]["step"] == 0 else None
     stats = loss.stats
     return {
@@ -119,5 +121,5 @@ def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILEN
     codes, _ = inputs.codes()
     cfg = dataclasses.replace(cfg, max_history=inputs.trained_history())
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"),
-                  inputs.embeddings(), out_dir, progress, resume=inputs.resume)
+                  inputs.embeddings(), out_dir, progress, resume=inputs.resume, events=prior_events(inputs))
     return {"started_from": inputs.model_step, **metrics}

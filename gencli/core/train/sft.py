@@ -32,19 +32,23 @@ import torch
 from gencli.config import StampConfig, TrainConfig
 from gencli.config.model import BATCH
 from gencli.core import artifacts, dist
+from gencli.core.data import tables
 from gencli.core.device import resolve_device
 from gencli.core.infer.blend import (
+    COLD_MAX_COUNT,
+    COLD_TOLERANCE,
     FIT_K,
-    POLICIES,
     Ranker,
     content_ranking,
     first_groups,
     fit_blend,
+    fit_by_history,
     target_ranks,
 )
 from gencli.core.infer.content import TEMPERATURES, ContentScorer
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.prior import fit_prior
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
@@ -73,6 +77,7 @@ class Validation:
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
                                    max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
                                    exclude_seen=ranker is not None)
+        self.valid, self.item_tokens, self.vocab = valid, item_tokens, vocab
         # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
         self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
         self.ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
@@ -96,31 +101,76 @@ class Validation:
                 self.best = (out[self.metric], result["candidates"])
         return out
 
-    def final_blend(self, model_dir: Path, evals: int, best: float | None) -> dict[str, Any]:
-        """blend.json: the blend fitted on the 0.1 grid to the best model's validation candidates (those of its own
-        validation when this process ran every one, else decoded again from ``model_dir``: a resumed run), with the
-        validation metrics of the blend, the model alone and the content baseline. The blend is fitted on what is
-        served (seen items masked) and applies to both seen-item policies: its content parts never rank a history
-        item, and one fit keeps sft's validation cheap."""
+    def final_blend(self, model_dir: Path, evals: int, best: float | None,
+                    events: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+        """(blend.json, item_prior.npy) of the best model: for each seen-item policy the blend fitted on the 0.1 grid
+        to that policy's validation candidates (the masked ones of the best validation when this process ran every
+        one, else decoded again from ``model_dir``: a resumed run; the ranked ones decoded once more), with the cold
+        users' say (:func:`fit_blend`); and the no-history prior fitted on every validation user (``events``: the
+        training targets' items and times, :func:`gencli.core.data.tables.train_target_times`)."""
         ev = self.evaluator
         # under torchrun only rank 0 wrote the model (fit returns there after writing it): every rank decodes it
         model_dir = dist.broadcast(Path(model_dir))
+        model = None
         if self.best is not None and self.runs == evals and self.best[0] == best:
-            cands = self.best[1]
+            cands = {"exclude_seen": self.best[1]}
         else:
             model, _ = load_model(model_dir, self.device, torch.float32)
-            cands = ev(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
-                       softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP)["candidates"]
-        blend, table = fit_blend(cands, ev.targets)
-        scores = {}
-        for part, ranks in (("blend", target_ranks(cands, blend, ev.targets)),
-                            ("model", rank_of_target(cands.beam_items, ev.targets)),
-                            ("content", rank_of_target(content_ranking(cands, FIT_K), ev.targets))):
-            scores[part] = {f"recall@{FIT_K}": recall_at_k(ranks, FIT_K), f"ndcg@{FIT_K}": ndcg_at_k(ranks, FIT_K)}
-        return {"blends": {p: blend.to_dict() for p in POLICIES},
-                "fit": {"split": "valid", "policy": "exclude_seen", "users": len(ev.targets),
-                        "beams": self.cfg.eval_beams, "grid_step": 0.1, "temperatures": list(TEMPERATURES),
-                        "objective": f"recall@{FIT_K} + ndcg@{FIT_K}", "valid": scores, "grid": table}}
+            cands = {"exclude_seen": self._candidates(ev, model)}
+        if model is None:
+            model, _ = load_model(model_dir, self.device, torch.float32)
+        ranked = Evaluator(self.valid, self.item_tokens, self.vocab.bos_id, max_history=self.cfg.max_history,
+                           max_users=self.cfg.eval_users, seed=self.cfg.seed, name="valid split", ranker=self.ranker)
+        cands["include_seen"] = self._candidates(ranked, model)
+        counts = self.ranker.counts
+        cold = None if counts is None else counts[ev.targets] <= COLD_MAX_COUNT
+        blends, scores, grids, by_history, buckets = {}, {}, {}, {}, {}
+        for policy, c in cands.items():
+            blend, grids[policy] = fit_blend(c, ev.targets, cold=cold)
+            blends[policy] = blend.to_dict()
+            scores[policy] = _scores(c, blend, ev.targets, cold)
+            own, buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blend)
+            by_history[policy] = {label: b.to_dict() for label, b in own.items()}
+        record: dict[str, Any] = {
+            "blends": blends,
+            "by_history": by_history,
+            "fit": {"split": "valid", "users": len(ev.targets), "cold_users": int(cold.sum()) if cold is not None
+                    else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
+                    "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
+                    "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
+                    "history_buckets": buckets,
+                    "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"]}}
+        stats = np.zeros((2, len(self.item_tokens)), dtype=np.float64)
+        if counts is not None:
+            stats[0] = counts
+        if events is not None:
+            # every validation user (no decoding needed): a seeded subsample let one seed pick a 1-day half life
+            half_life, stats[1], table = fit_prior(*events, stats[0], self.valid["target"].to_numpy())
+            record["prior"] = {"half_life_days": half_life, "events": "training targets", "valid": table}
+        else:
+            stats[1] = stats[0]
+        return record, stats
+
+    def _candidates(self, evaluator: Evaluator, model: torch.nn.Module):
+        return evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
+                         softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP)["candidates"]
+
+
+def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str, Any]:
+    """Validation Recall/NDCG@FIT_K of the blend, the model alone and the content baseline (and their cold users')."""
+    out: dict[str, Any] = {}
+    for part, ranks in (("blend", target_ranks(c, blend, targets)), ("model", rank_of_target(c.beam_items, targets)),
+                        ("content", rank_of_target(content_ranking(c, FIT_K), targets))):
+        out[part] = {f"recall@{FIT_K}": recall_at_k(ranks, FIT_K), f"ndcg@{FIT_K}": ndcg_at_k(ranks, FIT_K)}
+        if cold is not None and cold.any():
+            out[part][f"cold_recall@{FIT_K}"] = recall_at_k(ranks[cold], FIT_K)
+    return out
+
+
+def write_ranking(out_dir: Path, record: dict[str, Any], stats: np.ndarray) -> None:
+    """blend.json and item_prior.npy of a model step (sft, rl)."""
+    (out_dir / artifacts.BLEND).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    np.save(out_dir / artifacts.ITEM_PRIOR, stats)
 
 
 def cut_schedule_warning(summary: dict[str, Any], cfg: TrainConfig) -> str | None:
@@ -182,6 +232,7 @@ def run(
     progress: Progress = SILENT,
     resume: bool = False,
     embeddings: np.ndarray | None = None,
+    events: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune on next-item prediction; write ``model/`` (best validation checkpoint), ``best/``,
     ``sid_vocab.json``, ``metrics.jsonl`` and ``checkpoints/``. With ``embeddings`` (the embed step's item vectors)
@@ -205,7 +256,8 @@ def run(
         if len(embeddings) != len(item_tokens):
             raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
                              f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
-        ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens))
+        ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens),
+                        counts=tables.train_target_counts(train, len(item_tokens)))
     evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
@@ -231,9 +283,10 @@ def run(
     blends = None
     if ranker is not None and evaluate is not None:
         started = time.perf_counter()
-        blends = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), summary[f"best_{EVAL_METRIC}"])
+        blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), summary[f"best_{EVAL_METRIC}"],
+                                             events)
         fit_seconds = round(time.perf_counter() - started, 3)  # in the metrics, not the file: reruns write equal bytes
-        (out_dir / artifacts.BLEND).write_text(json.dumps(blends, indent=2) + "\n", encoding="utf-8")
+        write_ranking(out_dir, blends, stats)
     warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
         **({"warnings": warnings} if warnings else {}),
@@ -254,10 +307,15 @@ def run(
     }
 
 
+def prior_events(inputs) -> tuple[np.ndarray, np.ndarray]:
+    """The training targets' items and times, for the no-history prior (sft, rl)."""
+    return tables.train_target_times(inputs.interactions(), inputs.split("train"))
+
+
 def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
     """The sft step: the model it starts from (``--from``), quantize's SIDs, ingest's splits, embed's vectors."""
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"), out_dir, progress,
-                  resume=inputs.resume, embeddings=inputs.embeddings())
+                  resume=inputs.resume, embeddings=inputs.embeddings(), events=prior_events(inputs))
     return {"started_from": inputs.model_step, **metrics}
