@@ -19,10 +19,12 @@ import torch
 
 from gencli.core.data import tables
 from gencli.core.infer import blend as B
-from gencli.core.infer.blend import COLD_MAX_COUNT, Ranker, content_ranking, first_groups, fit_blend, target_ranks
-from gencli.core.infer.blend import COLD_TOLERANCE as TOLERANCE
+from gencli.core.infer import fit as F
+from gencli.core.infer.blend import Ranker, content_ranking, first_groups, target_ranks
 from gencli.core.infer.content import ContentScorer
 from gencli.core.infer.evaluate import Evaluator
+from gencli.core.infer.fit import COLD_MAX_COUNT, fit_blend
+from gencli.core.infer.fit import COLD_TOLERANCE as TOLERANCE
 from gencli.core.infer.metrics import ndcg_at_k, popularity_ranks, recall_at_k
 from gencli.core.infer.prior import fit_prior, prior_order
 from gencli.core.lm.backbone import load_model
@@ -79,12 +81,12 @@ def main() -> None:
         t = ev_t.targets
         extra = {}
         for tol in filter(None, a.tolerances.split(",")):
-            B.COLD_TOLERANCE = float(tol)
+            F.COLD_TOLERANCE = float(tol)
             b = fit_blend(c_v, ev_v.targets, cold=cold_v)[0]
             extra[f"tolerance {tol}"] = {"blend": b.to_dict(), **scores(target_ranks(c_t, b, ev_t.targets),
                                                                      counts[ev_t.targets] <= COLD_MAX_COUNT)}
-        B.COLD_TOLERANCE = TOLERANCE
-        own, report = B.fit_by_history(c_v, ev_v.targets, ev_v.histories, new_blend)
+        F.COLD_TOLERANCE = TOLERANCE
+        own, report = F.fit_by_history(c_v, ev_v.targets, ev_v.histories, new_blend)
         bucketed = Ranker(ranker.scorer, ranker.groups, {p: new_blend for p in B.POLICIES}, counts=counts,
                           by_history={B.policy(masked): own})
         items = bucketed.rank_candidates(c_t, ev_t.histories, masked, 10)[0]

@@ -15,6 +15,7 @@ from gencli.core import artifacts
 from gencli.core.infer import blend as B
 from gencli.core.infer.content import MODEL_ONLY, Blend, ContentScorer, top_by_score
 from gencli.core.infer.evaluate import run as run_eval
+from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import rank_of_target
 from gencli.core.infer.recommend import Recommender
 from gencli.core.lm.prompt import SidVocab, item_token_ids
@@ -111,7 +112,7 @@ def test_fit_picks_the_blend_that_scores_best_on_the_given_users():
     c, *_ = _candidates()
     # content's top item of each user is the target: the fit must give the content part everything
     targets = B.content_ranking(c, 1)[:, 0]
-    best, table = B.fit_blend(c, targets, k=1, step=0.5)
+    best, table = fit_blend(c, targets, k=1, step=0.5)
     assert best.weight == 0.0 and best.prefix == 0.0
     assert len(table) == 6  # (0, 0), (0, .5), (0, 1), (.5, 0), (.5, .5) at the one temperature, then (1, 0)
     assert max(row["recall@1"] for row in table) == 1.0

@@ -10,8 +10,9 @@ import pytest
 
 from gencli.core.data import tables
 from gencli.core.infer import blend as B
+from gencli.core.infer import fit as F
 from gencli.core.infer import prior as P
-from gencli.core.infer.content import Blend, ContentScorer
+from gencli.core.infer.content import COLD_BOOSTS, Blend, ContentScorer
 from gencli.core.infer.metrics import by_history_length
 from gencli.errors import ArtifactError
 
@@ -97,17 +98,17 @@ def test_fit_gives_cold_users_their_say_within_the_tolerance_only():
                      rep(c.content_items), rep(c.evidence))
     targets = np.array([0] * 35 + [1] * 25)
     cold = targets == 1
-    chosen, table = B.fit_blend(c, targets, cold=cold)
+    chosen, table = F.fit_blend(c, targets, cold=cold)
     score = lambda r, p="": r[f"{p}recall@10"] + r[f"{p}ndcg@10"]  # noqa: E731
-    floor = max(score(r) for r in table) * (1 - B.COLD_TOLERANCE)
+    floor = max(score(r) for r in table) * (1 - F.COLD_TOLERANCE)
     eligible = [r for r in table if score(r) >= floor]
     ranks = B.target_ranks(c, chosen, targets)
     assert recall_at_k(ranks, 10) + ndcg_at_k(ranks, 10) >= floor
     assert recall_at_k(ranks[cold], 10) + ndcg_at_k(ranks[cold], 10) == pytest.approx(
         max(score(r, "cold_") for r in eligible))  # the best for the cold users among the eligible points
-    assert {r.get("cold", 0.0) for r in table} == set(B.COLD_BOOSTS)  # every boost was tried
-    plain, _ = B.fit_blend(c, targets, cold=np.zeros(n, bool))  # no cold user: the plain optimum
-    assert plain == B.fit_blend(c, targets)[0]
+    assert {r.get("cold", 0.0) for r in table} == set(COLD_BOOSTS)  # every boost was tried
+    plain, _ = F.fit_blend(c, targets, cold=np.zeros(n, bool))  # no cold user: the plain optimum
+    assert plain == F.fit_blend(c, targets)[0]
     assert B.target_ranks(c, plain, targets)[0] == 1  # which puts the majority's item first
 
 

@@ -5,8 +5,8 @@ first-code distribution) with each user's content side (:mod:`gencli.core.infer.
 ``CONTENT_CANDIDATES`` items of highest cosine, and as many of highest prefix probability per temperature.
 :func:`rank` orders them by the blend's log-probability, ties by lower item index, and keeps K. Eval, cold-eval,
 sft's validation, recommend, bundles and promotion all rank through here, so they agree item for item. A
-model-only blend returns the beam's ranking bit for bit. :func:`fit_blend` picks the shares and the temperature on
-validation users, maximising Recall@10 + NDCG@10 (ties: the larger model share, then the smaller prefix share).
+model-only blend returns the beam's ranking bit for bit. :mod:`gencli.core.infer.fit` picks the blend on validation
+users.
 
 Why candidates and not the whole catalog: an item outside them has no model probability and no more content or
 prefix probability than the 50 best of each, so it can only enter a top K of at most 50 through a sum of parts
@@ -22,24 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from gencli.core.infer.content import (
-    COLD_BOOSTS,
     CONTENT_CANDIDATES,
     MODEL_ONLY,
     TEMPERATURES,
-    WEIGHTS,
     Blend,
     ContentScorer,
     ban_mask,
     top_by_score,
     user_chunks,
 )
-from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.metrics import HISTORY_BUCKETS, rank_of_target
 
 FIT_K = 10  # the blend maximises Recall@FIT_K + NDCG@FIT_K on validation users
-COLD_MAX_COUNT = 1  # a cold user's target was a training target at most this many times (cold-eval's default)
-COLD_TOLERANCE = 0.005  # the fit gives up at most this share of the best validation score for the cold users
-MIN_COLD_USERS = 20  # fewer cold validation users than this: the fit ignores them
-MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 
 
 def first_groups(item_tokens: np.ndarray) -> np.ndarray:
@@ -219,50 +213,6 @@ def content_ranking(c: Candidates, k: int) -> np.ndarray:
     return c.content_items[:, :k]
 
 
-def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1,
-              cold: np.ndarray | None = None, boosts: Sequence[float] | None = None) -> tuple[Blend, list[dict]]:
-    """The blend with the best Recall@k + NDCG@k on these (validation) users over model and prefix shares on a
-    grid of ``step`` (0.1: WEIGHTS), the temperatures the candidates hold and the ``boosts`` of the text parts for
-    rarely seen items (default COLD_BOOSTS when the candidates know the counts); every point tried is returned.
-
-    ``cold`` (bool per user: the target was a training target at most COLD_MAX_COUNT times), with at least
-    MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
-    (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
-    gives them whatever suits the rest; this trades a bounded share of the overall score for them."""
-    targets = np.asarray(targets)
-    grid = WEIGHTS if step == 0.1 else tuple(round(i * step, 4) for i in range(int(round(1 / step)) + 1))
-    if boosts is None:
-        boosts = COLD_BOOSTS if c.evidence is not None else (0.0,)
-    use_cold = cold is not None and int(np.sum(cold)) >= MIN_COLD_USERS
-    table: list[dict] = []
-    points: list[tuple[tuple, Blend, float]] = []  # (tie-break key, blend, cold score)
-    with_prefix = any(np.isfinite(v).any() for v in c.prefix.values())
-    for weight in grid:
-        prefixes = [p for p in grid if p <= round(1 - weight, 4)] if with_prefix else [0.0]
-        for prefix in prefixes:
-            temps = sorted(c.content) if weight < 1 else [min(c.content, key=lambda t: abs(t - 0.2))]
-            for t in temps:
-                for b in boosts if weight < 1 else (0.0,):
-                    blend = Blend(weight, min(prefix, 1 - weight), t, b)
-                    ranks = target_ranks(c, blend, targets)
-                    row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
-                    cold_score = 0.0
-                    if use_cold:
-                        row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
-                        row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
-                        cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
-                    table.append(row)
-                    key = (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2), -b)
-                    points.append((key, blend, cold_score))
-    if not points:
-        raise ValueError("fit_blend: no blend to try")
-    best = max(points, key=lambda p: p[0])
-    if use_cold:
-        floor = best[0][0] * (1 - COLD_TOLERANCE)
-        best = max((p for p in points if p[0][0] >= floor), key=lambda p: (p[2], p[0]))
-    return best[1], table
-
-
 def history_buckets(histories: Sequence[Sequence[int]]) -> np.ndarray:
     """Each history's length bucket (metrics.HISTORY_BUCKETS' labels; "0" for an empty one)."""
     lengths = np.array([len(h) for h in histories], dtype=np.int64)
@@ -270,40 +220,6 @@ def history_buckets(histories: Sequence[Sequence[int]]) -> np.ndarray:
     for label, low, high in HISTORY_BUCKETS:
         labels[(lengths >= low) & (lengths <= (high if high is not None else np.iinfo(np.int64).max))] = label
     return labels
-
-
-def fit_by_history(c: Candidates, targets: np.ndarray, histories: Sequence[Sequence[int]], shared: Blend,
-                   k: int = FIT_K) -> tuple[dict[str, Blend], dict]:
-    """Blends of their own for the history-length buckets with at least MIN_BUCKET_USERS validation users (a short
-    history says less to the model and as much to the text), kept where they generalise: two-fold, a blend fitted on
-    one half of the bucket's users must beat the ``shared`` blend on the other half, summed over both halves (a
-    bucket's own optimum always beats the shared blend on the users it was fitted on). Returns them and a report per
-    bucket tried."""
-    labels = history_buckets(histories)
-    targets = np.asarray(targets)
-
-    def score(sub: Candidates, blend: Blend, t: np.ndarray) -> float:
-        ranks = target_ranks(sub, blend, t)
-        return recall_at_k(ranks, k) + ndcg_at_k(ranks, k)
-
-    own: dict[str, Blend] = {}
-    report: dict = {}
-    for label, _, _ in HISTORY_BUCKETS:
-        rows = np.flatnonzero(labels == label)
-        if rows.size < MIN_BUCKET_USERS:
-            continue
-        held = {"shared": 0.0, "own": 0.0}
-        for fit_rows, test_rows in ((rows[::2], rows[1::2]), (rows[1::2], rows[::2])):
-            half = fit_blend(c.take(fit_rows), targets[fit_rows], k)[0]
-            test = c.take(test_rows)
-            held["shared"] += score(test, shared, targets[test_rows]) * test_rows.size / rows.size
-            held["own"] += score(test, half, targets[test_rows]) * test_rows.size / rows.size
-        blend = fit_blend(c.take(rows), targets[rows], k)[0]
-        report[label] = {"users": int(rows.size), "blend": blend.to_dict(), "kept": held["own"] > held["shared"],
-                         f"held-out recall@{k} + ndcg@{k}": held}
-        if held["own"] > held["shared"]:
-            own[label] = blend
-    return own, report
 
 
 POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: what is served, and eval's protocol

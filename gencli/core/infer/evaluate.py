@@ -20,8 +20,9 @@ from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.blend import Ranker, content_ranking, fit_blend, rank
+from gencli.core.infer.blend import Ranker, content_ranking, rank
 from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES, top_by_score
+from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import (
     by_history_length,
     coverage_at_k,

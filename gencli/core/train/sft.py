@@ -35,18 +35,15 @@ from gencli.core import artifacts, dist
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
 from gencli.core.infer.blend import (
-    COLD_MAX_COUNT,
-    COLD_TOLERANCE,
     FIT_K,
     Ranker,
     content_ranking,
     first_groups,
-    fit_blend,
-    fit_by_history,
     target_ranks,
 )
 from gencli.core.infer.content import TEMPERATURES, ContentScorer
 from gencli.core.infer.evaluate import Evaluator
+from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit_by_history
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
 from gencli.core.infer.prior import fit_prior
 from gencli.core.lm.backbone import load_model
