@@ -83,6 +83,8 @@ _DATA = ("ingest", "embed", "quantize")
 _PRUNE = {"sap": "--prune/--no-prune"}  # at decode time STAMP's SAP prunes the prompt
 _STAMP = {"stamp": ("sap", "map")}
 _EXT = "gencli.workspace.external:"
+# eval's headline: served (seen items masked, what recommend serves) first, the usual protocol (seen ranked) beside it
+_RANKING_KEYS = ("served.recall@10", "served.ndcg@10", "seen_ranked.recall@10", "seen_ranked.ndcg@10")
 
 # In pipeline order: a step comes after every step it may read.
 REGISTRY: tuple[Step, ...] = (
@@ -113,12 +115,10 @@ REGISTRY: tuple[Step, ...] = (
          key_metrics=("method", "steps", "start_ndcg@10", "peak_ndcg@10", "peak_step", "blend.weight")),
     Step("eval", "evaluate", "eval_cmd", "EvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
          model="model_step", ranking=True, renames=_PRUNE,
-         key_metrics=("overall.recall@5", "overall.ndcg@5", "overall.recall@10", "overall.users", "exclude_seen",
-                      "ranking.weight", "ranking.prefix", "content_baseline.recall@10")),
+         key_metrics=_RANKING_KEYS + ("users", "model_step")),
     Step("cold-eval", "evaluate", "cold_eval", "ColdEvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
          model="model_step", ranking=True, renames=_PRUNE,
-         key_metrics=("cohort_size", "overall.recall@5", "overall.ndcg@5", "exclude_seen", "ranking.weight",
-                      "content_baseline.recall@10")),
+         key_metrics=_RANKING_KEYS + ("cohort_size", "model_step")),
     Step("profile", "profile", "profile", "ProfileConfig", "gencli.core.train.profile:run_step", ("ingest", "quantize"),
          model="model_step", optional=("sft",),  # sft's params shape the profiled steps
          key_metrics=("reference", "steps", "device")),

@@ -27,13 +27,23 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(f"gencli.cli.{module}"), attr)
 
     def invoke(self, ctx: click.Context):
-        """Ctrl-C anywhere exits 130 (click alone would print 'Aborted!' and exit 1)."""
+        """Ctrl-C anywhere exits 130 (click alone would print 'Aborted!' and exit 1); output whose reader went away
+        (``gencli run ... | head -2``) ends the command quietly with 0, as coreutils do (click would exit 1)."""
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             from gencli.cli.common import fail
 
             fail(KeyboardInterrupt(), json_mode=False)
+        except BrokenPipeError as error:
+            from gencli.ui.output import output_closed, silence
+
+            if not output_closed():  # a pipe of something else broke: a failure like any other
+                from gencli.cli.common import fail
+
+                fail(error, json_mode=False)
+            silence(sys.stdout)  # Python's flush at exit must not fail on the closed pipe again
+            sys.exit(0)
 
 
 def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

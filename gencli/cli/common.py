@@ -18,6 +18,17 @@ import click
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError, InputError, storage_message
 
 JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
+VERBOSE = "gencli.verbose"  # click's ctx.meta key --verbose sets (read by verbose())
+VERBOSE_OPTION = click.option(
+    "--verbose", "-v", is_flag=True, expose_value=False, callback=lambda ctx, _, value: ctx.meta.update({VERBOSE: value}),
+    help="Print every metric, not only the key ones and the results table (all are in step.json; --json prints "
+         "them all).")
+
+
+def verbose() -> bool:
+    """Whether the running command was given --verbose."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get(VERBOSE))
 
 
 def workdir_option(f: Callable) -> Callable:
@@ -30,7 +41,8 @@ def workdir_option(f: Callable) -> Callable:
 
 
 def step_options(f: Callable) -> Callable:
-    """--workdir, --json and --force, in that order, for every step command."""
+    """--workdir, --json, --force and --verbose, in that order, for every step command."""
+    f = VERBOSE_OPTION(f)
     f = click.option("--force", is_flag=True, help="Rerun even when the step is up to date.")(f)
     f = JSON_OPTION(f)
     return workdir_option(f)
@@ -100,7 +112,7 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
     if json_mode:
         emit_json(outcome.as_json())
     else:
-        print_step_result(step, outcome.status, outcome.metrics, outcome.seconds, outcome.dir)
+        print_step_result(step, outcome.status, outcome.metrics, outcome.seconds, outcome.dir, verbose=verbose())
         if outcome.metrics.get("warnings"):  # --json carries them in metrics.warnings
             print_warnings(outcome.metrics["warnings"])
     return outcome.metrics

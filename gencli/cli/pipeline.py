@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from gencli.cli.common import fail, message, resolve_workdir, workdir_option
+from gencli.cli.common import VERBOSE_OPTION, fail, message, resolve_workdir, verbose, workdir_option
 from gencli.cli.options import config_options
 from gencli.config import RunConfig
 
@@ -40,6 +40,7 @@ from gencli.config import RunConfig
 @click.option("--json", "json_mode", is_flag=True,
               help="Print one JSON object at the end (every step's result, the retrain report, the promotion); "
                    "no progress bars.")
+@VERBOSE_OPTION
 @click.pass_context
 def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **options):
     """Run the steps listed in a TOML config in order, skipping those that are up to date.
@@ -73,10 +74,9 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
             code, text = message(result, json_mode, root)
             print_error(text, code)
             return
-        print_step_result(name, result.status, result.metrics, result.seconds, result.dir)
+        print_step_result(name, result.status, result.metrics, result.seconds, result.dir, verbose(), in_run=True)
         if result.metrics.get("warnings"):
             print_warnings(result.metrics["warnings"])
-        click.echo("")
 
     report = run_plan(plan, root, force, lambda: make_progress(json_mode), shown)
     if report.error is not None:
@@ -96,14 +96,15 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
 
 
 def _print_results(root: Path, report) -> None:
-    from gencli.ui.output import console, ranking_blocks, results_table
+    """The end of a run on a terminal: one table per evaluation, a few users' recommendations, retrain, promotion."""
+    from gencli.ui.evaluation import evaluation_table
+    from gencli.ui.output import console
 
     c = console()
-    c.print(f"\n[bold green]pipeline finished[/bold green] in {report.seconds:.1f}s (workdir {root})")
-    rows = {f"{step} {group}": block for step, metrics in report.results.items()
-            for group, block in ranking_blocks(metrics).items()}
-    if rows:
-        c.print(results_table("results", rows))
+    c.print(f"\n[bold green]pipeline finished[/bold green] in {report.seconds:.1f}s (workdir {root})", soft_wrap=True)
+    for i, (step, metrics) in enumerate(report.results.items()):
+        c.print("")
+        c.print(evaluation_table(step, metrics, str(root / step), legend=i == 0))
     from gencli.workspace import Workspace
 
     if any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps) \

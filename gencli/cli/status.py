@@ -6,6 +6,8 @@ import click
 
 from gencli.cli.common import JSON_OPTION, fail, resolve_workdir, workdir_option
 
+NOT_RUN = "not run"
+
 
 def collect(ws) -> list[dict]:
     from gencli.steps import step_order
@@ -15,7 +17,9 @@ def collect(ws) -> list[dict]:
     holder = ws.lock.holder() if ws.lock else None
     for name in step_order():
         entry = manifest.get(name) if manifest else None
-        state = ws.freshness(name) if manifest else "missing"
+        state = ws.freshness(name) if manifest else NOT_RUN
+        if state == "missing":  # no manifest entry: the step never finished here (optional steps often are not run)
+            state = NOT_RUN
         if holder and holder.get("step") == name:
             state = "running"
         row = {"step": name, "state": state, "finished": None, "seconds": None, "key_metrics": {}, "metrics": {}}
@@ -42,7 +46,7 @@ def key_values(step: str, metrics: dict) -> dict:
 @workdir_option
 @JSON_OPTION
 def status(workdir, json_mode):
-    """Show each step: state (done, stale, failed, running, missing), when it ran and its key metrics.
+    """Show each step: state (done, stale, failed, running, not run), when it ran and its key metrics.
 
     \b
     Examples:
@@ -68,14 +72,14 @@ def status(workdir, json_mode):
     from rich.markup import escape
     from rich.table import Table
 
-    from gencli.ui.output import _fmt, console
+    from gencli.ui.output import console, key_metrics_text
 
-    colours = {"done": "green", "stale": "yellow", "failed": "red", "running": "cyan", "missing": "dim"}
+    colours = {"done": "green", "stale": "yellow", "failed": "red", "running": "cyan", NOT_RUN: "dim"}
     table = Table(title=f"gencli workdir {ws.root}")
     for col in ("step", "state", "finished", "time", "key metrics"):
         table.add_column(col)
     for row in rows:
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in row["key_metrics"].items())
+        shown = escape(key_metrics_text(row["key_metrics"]))
         if row.get("stale_reason"):
             shown = f"[yellow]{escape(row['stale_reason'])}[/yellow]; {shown}" if shown else \
                 f"[yellow]{escape(row['stale_reason'])}[/yellow]"

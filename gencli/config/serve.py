@@ -28,9 +28,13 @@ class EvalConfig:
 
     model_step: str = model_step_option("Whose model to evaluate (auto = the most trained finished step).")
     split: str = option("test", "Which split's targets to predict.", choices=EVAL_SPLITS)
-    exclude_seen: bool = option(False, "Mask each user's history inside the decoder, as recommend serves (default: "
-                                       "seen items are ranked like any other, the usual protocol); the baselines "
-                                       "follow the same policy.", option="--exclude-seen/--include-seen")
+    exclude_seen: bool = option(False, "The seen-item policy of predictions.parquet and of the blocks overall, head, "
+                                       "...: each user's history masked inside the decoder, as recommend serves, or "
+                                       "ranked like any other item (the usual protocol); the baselines follow it.",
+                                option="--exclude-seen/--include-seen")
+    both_policies: bool = option(True, "Also score the other policy on the same users (a second decode): served (seen "
+                                       "items masked) beside seen_ranked, its detail under other_policy.",
+                                 option="--both-policies/--one-policy")
     ranking: str = option("auto", "auto = the blend of model and content sft fitted on validation (the model alone "
                                   "when the model step has none); model = the generative model alone.",
                           choices=RANKINGS)

@@ -234,12 +234,12 @@ def _open(cfg, ws, query: Query, queries):
 
 
 def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
-    """``model`` and ``run`` of a bundle, from its gencli.json (the run is the workdir it was exported from)."""
+    """``model`` and ``run`` of a bundle, from its gencli.json (the run is the workdir it was exported from, the
+    absolute path export recorded)."""
     from gencli.core.artifacts import bundle_model_id
 
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    return {"model": bundle_model_id(meta),
-            "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
+    return {"model": bundle_model_id(meta), "run": str(source["workdir"]) if source.get("workdir") else None}
 
 
 def _workdir(ws):

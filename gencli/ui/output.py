@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -31,80 +35,137 @@ def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def metrics_table(title: str, metrics: dict[str, Any], limit: int = 40):
+def metrics_table(title: str, metrics: dict[str, Any]):
+    """Every scalar metric, flattened (``--verbose``); a ratio over a baseline that scores 0 shows as ``-``."""
     from rich.table import Table
 
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for i, (k, v) in enumerate(flatten(metrics).items()):
-        if i >= limit:
-            table.add_row("…", f"{len(flatten(metrics)) - limit} more in step.json")
-            break
-        table.add_row(k, _fmt(v))
+    for k, v in flatten(metrics).items():
+        table.add_row(k, "-" if v is None else _fmt(v))
     return table
 
 
-def ranking_blocks(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The overall/head/torso/tail blocks of an eval step's metrics (dicts with a 'users' count)."""
-    return {k: v for k, v in metrics.items() if isinstance(v, dict) and "users" in v}
+def key_metrics(step: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The registry's key metrics of a step (what ``gencli status`` shows) that its metrics hold, by flat key."""
+    from gencli.steps import key_metrics as keys
+
+    flat = flatten(metrics)
+    return {k: flat[k] for k in keys(step) if flat.get(k) is not None}
 
 
-def results_table(title: str, rows: dict[str, dict[str, Any]]):
-    """One row per cohort/bucket, one column per metric (recall@K, then ndcg@K, by K)."""
-    from rich.table import Table
-
-    cols = sorted({k for block in rows.values() for k in block if "@" in k},
-                  key=lambda k: (not k.startswith("recall"), int(k.split("@")[1])))
-    table = Table(title=title, caption="R@K = Recall@K, N@K = NDCG@K")
-    table.add_column("", no_wrap=True)
-    table.add_column("users", justify="right")
-    for col in cols:  # short headers so the table fits an 80-column terminal
-        table.add_column(col.replace("recall", "R").replace("ndcg", "N"), justify="right")
-    for label, block in rows.items():
-        table.add_row(label, _fmt(block.get("users", "")), *[f"{block[k]:.4f}" if k in block else "" for k in cols])
-    return table
+def key_metrics_text(values: dict[str, Any]) -> str:
+    """``users=800, items=891``; keys of one block share its name: ``served R@10=0.27 N@10=0.13; blend weight=0.1``."""
+    parts: list[str] = []
+    group = None
+    for key, value in values.items():
+        block, _, name = key.rpartition(".")
+        if name.startswith(("recall@", "ndcg@")):
+            name = name.replace("recall@", "R@").replace("ndcg@", "N@")
+        if block and block == group:
+            parts[-1] += f" {name}={_fmt(value)}"
+        else:
+            parts.append(f"{block.replace('_', ' ')} {name}={_fmt(value)}" if block else f"{name}={_fmt(value)}")
+        group = block
+    return ", ".join(parts)
 
 
 LOG_WIDTH = 160  # off a terminal (cron logs, pipes) tables are not cut at rich's default of 80 columns
 
 
 def console(stderr: bool = False):
-    import os
-
+    """A rich console on stdout (stderr); off a terminal tables are LOG_WIDTH wide."""
     from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:  # rich would exit 1; the CLI ends quietly with 0 (cli.LazyGroup.invoke)
+            raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
 
     stream = sys.stderr if stderr else sys.stdout
     wide = None if stream.isatty() or os.environ.get("COLUMNS") else LOG_WIDTH
-    return Console(stderr=stderr, highlight=False, width=wide)
+    return PipeConsole(stderr=stderr, highlight=False, width=wide)
 
 
-def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: float | None, folder: str) -> None:
+def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: float | None, folder: str,
+                      verbose: bool = False, in_run: bool = False) -> None:
+    """One line per step with its key metrics, then a ranking step's table; ``verbose``: every metric too.
+    ``in_run``: inside ``gencli run``, which names the workdir once and shows the ranking tables at its end."""
+    from rich.markup import escape
+
     c = console()
     if status == "up-to-date":
-        c.print(f"[green]✓[/green] {step} is up to date ({folder}); use --force to rerun")
-        return
-    c.print(f"[green]✓[/green] {step} done in {seconds:.1f}s → {folder}")
-    blocks = ranking_blocks(metrics)
-    if blocks:
-        rest = {k: v for k, v in metrics.items() if k not in blocks}
-        c.print(metrics_table(step, rest))
-        c.print(results_table(f"{step}: Recall@K / NDCG@K", blocks))
-    elif metrics:
+        where = "" if in_run else f" ({escape(folder)})"
+        c.print(f"[green]✓[/green] {step} is up to date{where}; use --force to rerun", soft_wrap=True)
+    else:  # in a run a ranking step's numbers are in its table at the end
+        shown = "" if in_run and _is_ranking(step) else key_metrics_text(key_metrics(step, metrics))
+        line = f"[green]✓[/green] {step} done in {seconds:.1f}s{'' if in_run else f' → {escape(folder)}'}" \
+               f"{': ' + escape(shown) if shown else ''}"
+        if in_run:  # one line per step, cut at the terminal's width (status and step.json have them all)
+            c.print(line, no_wrap=True, overflow="ellipsis")
+        else:
+            c.print(line, soft_wrap=True)
+    if verbose and metrics:
         c.print(metrics_table(step, metrics))
+    if status != "up-to-date" and not in_run and _is_ranking(step):
+        from gencli.ui.evaluation import evaluation_table
+
+        c.print(evaluation_table(step, metrics, folder))
+
+
+def _is_ranking(step: str) -> bool:
+    from gencli.steps import STEPS
+
+    return step in STEPS and STEPS[step].ranking
 
 
 def print_error(message: str, code: int) -> None:
     from rich.markup import escape
 
-    c = console(stderr=True)
-    c.print(f"[bold red]error[/bold red] (exit {code}): {escape(message)}", soft_wrap=True)
+    with log_pipe():  # the exit code is what counts when nobody reads stderr any more
+        console(stderr=True).print(f"[bold red]error[/bold red] (exit {code}): {escape(message)}", soft_wrap=True)
 
 
 def print_warnings(warnings: list[str]) -> None:
     """One ``warning:`` line per entry on stderr (a step's metrics carry them; --json shows them there)."""
     from rich.markup import escape
 
-    c = console(stderr=True)
-    for message in warnings:
-        c.print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)
+    with log_pipe():
+        c = console(stderr=True)
+        for message in warnings:
+            c.print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)
+
+
+@contextmanager
+def log_pipe() -> Iterator[None]:
+    """Writes to stderr (logs, warnings, errors) whose reader went away are dropped, and so are the later ones: what a
+    step does and the exit code do not depend on who reads its log (``gencli run ... 2>&1 | head``)."""
+    try:
+        yield
+    except BrokenPipeError:
+        silence(sys.stderr)
+
+
+def silence(stream: TextIO) -> None:
+    """Point a stream whose reader went away at /dev/null, so later writes and Python's flush at exit succeed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's captured stream)
+        pass
+
+
+def output_closed() -> bool:
+    """Whether stdout's or stderr's reader went away (the write end of a pipe without a reader polls as an error)."""
+    import select
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(event & select.POLLERR for _, event in poller.poll(0)):
+                return True
+        except (AttributeError, OSError, ValueError):  # no poll (Windows) or no real file
+            continue
+    return False

@@ -33,7 +33,15 @@ def log_event(message: str) -> None:
     if wants_log_lines():
         import time
 
-        sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} {message}\n")
+        _log_line(f"{time.strftime('%Y-%m-%d %H:%M:%S %z')} {message}\n")
+
+
+def _log_line(text: str) -> None:
+    """A line on stderr; once its reader went away the line and the later ones are dropped, the work goes on."""
+    from gencli.ui.output import log_pipe
+
+    with log_pipe():
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 
@@ -75,8 +83,7 @@ class LogProgress:
     def _line(self, text: str) -> None:
         import time
 
-        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {text}\n")
-        sys.stderr.flush()
+        _log_line(f"{time.strftime('%H:%M:%S')} {text}\n")
 
     def log(self, message: str) -> None:
         self._line(message)

@@ -15,22 +15,23 @@ def printable(text: str) -> str:
 
 
 def warn(message: str) -> None:
-    from gencli.ui.output import console
+    from gencli.ui.output import console, log_pipe
 
-    console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
+    with log_pipe():
+        console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
 
 
 def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5) -> None:
-    """One user's recent history and top items, as a small rich table."""
+    """One user's recent history (one line, cut at the terminal's width) and top items (rank, item_id, title, score)."""
     from rich.table import Table
 
     shown = history_titles[-last:]
     more = len(history_titles) - len(shown)
     who = f"user {user_id}" if user_id is not None else "ad-hoc history"
     recent = "; ".join(printable(t) for t in shown) or "(empty: what has been popular lately)"
-    c.print(f"\n[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
-            soft_wrap=True)
-    table = Table(show_header=True, header_style="bold")
+    c.print(f"[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
+            no_wrap=True, overflow="ellipsis")
+    table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=True)
     table.add_column("#", justify="right")
     table.add_column("item_id", no_wrap=True)
     table.add_column("title")
@@ -63,6 +64,7 @@ def print_answers(result, json_mode: bool) -> None:
         c.print(f"[green]✓[/green] recommendations for {len(answers)} user(s) → {result.output}")
         return
     for answer, history in zip(answers, result.histories, strict=True):
+        c.print("")
         print_user(c, answer["user_id"], [result.titles[i] for i in history], answer["items"])
 
 
@@ -83,8 +85,11 @@ def show_examples(workdir: Path, n_users: int = 3, top: int = 5) -> None:
     titles = inputs.items()["title"].cast(pl.String).to_list()
     user_ids, histories = rec_workdir.histories(inputs)
     c = console()
-    c.print(f"\n[bold]recommendations[/bold] (top {top} of {len(user_ids)} users; all in {path})")
     picks = np.linspace(0, len(user_ids) - 1, num=min(n_users, len(user_ids))).astype(int).tolist()
+    k = frame["rank"].max() if frame.height else 0
+    where = printable(f"{path.parent.name}/{path.name}")  # in the workdir `gencli run` has just named
+    c.print(f"\n[bold]recommendations[/bold] (every user's top {k}: {where}), {len(set(picks))} of them:",
+            soft_wrap=True)
     for i in dict.fromkeys(picks):
         rows = frame.filter((pl.col("user_id") == user_ids[i]) & (pl.col("rank") <= top)).sort("rank")
         print_user(c, user_ids[i], [titles[j] for j in histories[i]], rows.select("item_id", "title", "score").to_dicts())

@@ -72,7 +72,7 @@ def test_rerun_is_up_to_date_and_status_reports(foundation):
     r, p = _run(wd, "status")
     states = {s["step"]: s["state"] for s in p["steps"]}
     assert states["ingest"] == states["embed"] == states["quantize"] == "done"
-    assert states["sft"] == "missing"
+    assert states["sft"] == "not run"
     human = CliRunner().invoke(cli, ["status", "--workdir", str(wd)])
     assert "quantize" in human.output and "done" in human.output
 

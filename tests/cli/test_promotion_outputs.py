@@ -134,7 +134,7 @@ def test_the_serving_bundle_scores_tonights_users_and_says_which_model_it_is(nig
     assert r.exit_code == 0, r.output
     served = pl.read_parquet(tmp_path / "served.parquet")  # the users the bundle carries: night 1's
     assert served["user_id"].n_unique() == pl.read_parquet(root / "night1" / "ingest" / "users.parquet").height
-    assert set(served["model"]) == {serving} and set(served["run"]) == {"night1"}
+    assert set(served["model"]) == {serving} and set(served["run"]) == {str((root / "night1").resolve())}
     recorded = pl.read_parquet(root / "night1" / "recommend" / "recommendations.parquet")
     assert set(recorded["model"]) == {serving}  # night 1's own lists came from the model that serves
     r = CliRunner().invoke(cli, ["recommend", "--bundle", str(current), "--workdir", str(root / "night2"), "--output",

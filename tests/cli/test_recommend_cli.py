@@ -129,7 +129,7 @@ def test_stdin_keeps_order_and_matches_user_mode(trained, catalog):
     assert all(len(a["items"]) == 4 and set(a["items"][0]) == {"item_id", "score", "title", "rank"} for a in answers)
     assert all([i["rank"] for i in a["items"]] == [1, 2, 3, 4] for a in answers)
     assert {a["model"] for a in answers} == {_model_id(trained)}  # each line says which model answered
-    assert answers[1]["history_used"] == 2 and answers[0]["run"] == trained.name and answers[0]["created"]
+    assert answers[1]["history_used"] == 2 and answers[0]["run"] == str(trained.resolve()) and answers[0]["created"]
     assert not {i["item_id"] for i in answers[1]["items"]} & {ids[0], ids[1]}
     single = _json(_run(trained, "recommend", "--user", users[0], "--k", "4", "--json"))
     alone, batched = single["recommendations"][0]["items"], answers[2]["items"]  # padding moves scores by ~1e-7
@@ -143,7 +143,7 @@ def test_output_files_by_extension(trained, tmp_path):
         assert result.exit_code == 0, result.output
     parquet = pl.read_parquet(tmp_path / "r.parquet")
     assert parquet.columns == ["user_id", "rank", "item_id", "score", "title", "model", "run", "created"]
-    assert parquet["run"].unique().to_list() == [trained.name] and parquet["created"].n_unique() == 1
+    assert parquet["run"].unique().to_list() == [str(trained.resolve())] and parquet["created"].n_unique() == 1
     same = parquet.drop("created")  # each query says when it ran
     assert same.equals(pl.read_csv(tmp_path / "r.csv", schema=parquet.schema).drop("created"))
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
@@ -257,7 +257,7 @@ def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_pa
     one = _json(_bundle(out, "--user", user, "--k", "4", "--json"))
     assert [i["item_id"] for i in one["recommendations"][0]["items"]] == \
         a.filter(pl.col("user_id") == user)["item_id"].to_list()
-    assert one["model"] == meta["model_id"] and one["run"] == trained.name
+    assert one["model"] == meta["model_id"] and one["run"] == str(trained.resolve())
     r = _bundle(out, "--user", "nobody-knows")
     assert r.exit_code == 2 and "not in the bundle" in r.output
     bare = tmp_path / "bare"

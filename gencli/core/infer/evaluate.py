@@ -46,6 +46,9 @@ from gencli.core.stamp.sap import resolve
 from gencli.errors import ArtifactError, InputError
 
 SPLIT_COLUMNS = ("user_idx", "history", "target")
+POLICY_NAMES = {True: "served", False: "seen_ranked"}
+"""exclude_seen -> the metrics key of that policy's overall block: ``served`` masks each user's history, as
+``gencli recommend`` serves; ``seen_ranked`` ranks seen items like any other (the usual offline protocol)."""
 
 
 def _check_split(split: pl.DataFrame, n_items: int, name: str) -> None:
@@ -251,6 +254,21 @@ def blind_lists(model, evaluator: Evaluator, ranker: Ranker | None, counts: np.n
     return out
 
 
+def _with_baselines(result: dict, evaluator: Evaluator, exclude_seen: bool, train_counts: np.ndarray | None,
+                    ks: Sequence[int], n_items: int) -> dict:
+    """Move the baselines' blocks into ``result["metrics"]`` (popularity, content, model alone; the same users and
+    policy) and return the rest of :func:`versus_baselines` (ratios, beyond accuracy); {} without ``train_counts``."""
+    if train_counts is None:
+        return {}
+    extra = versus_baselines(result, evaluator.targets, train_counts, ks, n_items,
+                             evaluator.histories if exclude_seen else None)
+    result["metrics"]["popularity_baseline"] = extra.pop("popularity_baseline")
+    if "content_baseline" in extra:
+        result["metrics"]["content_baseline"] = extra.pop("content_baseline")
+        result["metrics"]["model_only"] = extra.pop("model_only")["overall"]
+    return extra
+
+
 def prune_summary(prompts: Sequence[Sequence[int]], prune: StampConfig) -> dict:
     """The pruning settings and how many prompt tokens the prefill kept (exact: SAP keeps a fixed count)."""
     total = sum(len(p) for p in prompts)
@@ -298,8 +316,13 @@ def run(
     groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
     stamp = resolve(model, cfg.stamp)  # layer 0 (auto) resolved for this model: metrics.json names the layer used
     prune = stamp if stamp.sap else None
-    result = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress,
-                       softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
+    decode = dict(softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
+    result = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress, **decode)
+    other = None
+    if cfg.both_policies:  # the other seen-item policy on the same users: what recommend serves beside the protocol
+        evaluator.exclude_seen = not cfg.exclude_seen
+        other = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress, **decode)
+        evaluator.exclude_seen = cfg.exclude_seen
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -318,17 +341,24 @@ def run(
     ).with_columns(  # the split's user ids when it has them (ingest's splits always do)
         evaluator.users.select(pl.col("user_id").cast(pl.String)) if "user_id" in evaluator.users.columns else []
     ).write_parquet(out_dir / artifacts.PREDICTIONS)
-    extra: dict = {}
-    if train_counts is not None:
-        extra = versus_baselines(result, targets, train_counts, cfg.k, len(item_tokens),
-                                 evaluator.histories if cfg.exclude_seen else None)
-        result["metrics"]["popularity_baseline"] = extra.pop("popularity_baseline")
-        if "content_baseline" in extra:
-            result["metrics"]["content_baseline"] = extra.pop("content_baseline")
-            result["metrics"]["model_only"] = extra.pop("model_only")["overall"]
+    extra = _with_baselines(result, evaluator, cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
+    lists = None
+    if train_counts is not None:  # by history length, and each method's answer to a user without one
         lists = blind_lists(model, evaluator, ranker, train_counts, vocab.bos_id, cfg.beams, max(cfg.k), device,
-                            vocab.all_ids if vocab.softmax == "sid" else None)
+                            decode["softmax_rows"])
         extra.update(by_history(result, evaluator, train_counts, lists))
+    # the headline of each policy scored: served (seen items masked, what recommend serves) and seen_ranked
+    policies = {POLICY_NAMES[cfg.exclude_seen]: result["metrics"]["overall"]}
+    if other is not None:
+        other_extra = _with_baselines(other, evaluator, not cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
+        if lists is not None:
+            evaluator.exclude_seen = not cfg.exclude_seen
+            other_extra["by_history"] = by_history(other, evaluator, train_counts, {})["by_history"]
+            evaluator.exclude_seen = cfg.exclude_seen
+        policies[POLICY_NAMES[not cfg.exclude_seen]] = other["metrics"]["overall"]
+        policies["other_policy"] = {"exclude_seen": not cfg.exclude_seen,
+                                    "ranking": other.get("blend", MODEL_ONLY).to_dict(), **other["metrics"],
+                                    **{k: other_extra[k] for k in ("beyond_accuracy", "by_history") if k in other_extra}}
     summary = {
         "split": cfg.split,
         "exclude_seen": cfg.exclude_seen,
@@ -340,6 +370,7 @@ def run(
         "unreachable_items": trie.n_duplicates,
         "metrics": result["metrics"],
         **extra,
+        **{key: policies[key] for key in (*POLICY_NAMES.values(), "other_policy") if key in policies},
     }
     if prune is not None:  # absent when off, so unpruned metrics.json stays as before
         summary["prune"] = prune_summary(evaluator.prompts, prune)

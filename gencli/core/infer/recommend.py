@@ -14,6 +14,7 @@ prior's log share): higher is better, comparable within one user's list.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -238,7 +239,7 @@ class Recommender:
             raise InputError(f"{len(unknown)} history item id(s) are not in the catalog: {', '.join(unknown[:10])}")
         if unknown:
             warnings.warn(f"skipped {len(unknown)} item id(s) not in the catalog: {', '.join(unknown[:10])}",
-                          stacklevel=2)
+                          stacklevel=3 if sys._getframe(1).f_code.co_filename == __file__ else 2)  # the caller's line
         ranked = self.rank([idx for idx, _ in resolved], k=k, beams=beams, exclude_seen=exclude_seen)
         return [self.to_recommendations(row, score_row) for row, score_row in zip(ranked.items, ranked.scores,
                                                                                   strict=True)]

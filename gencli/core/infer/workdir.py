@@ -48,8 +48,8 @@ def histories(inputs) -> tuple[list[str], list[list[int]]]:
 
 def provenance(inputs) -> dict[str, Any]:
     """``model`` (the id of the model step's files: the same as the bundle exported from it) and ``run`` (the
-    workdir, the folder holding the model step)."""
-    return {"model": inputs.model_id(), "run": inputs.dir(inputs.model_step).resolve().parent.name}
+    workdir, the folder holding the model step, as an absolute path)."""
+    return {"model": inputs.model_id(), "run": str(inputs.dir(inputs.model_step).resolve().parent)}
 
 
 def long_frame(rec, user_ids: list, ranked, extra: dict[str, Any] | None = None) -> pl.DataFrame:
