@@ -104,7 +104,7 @@ def _print_results(root: Path, report) -> None:
     c.print(f"\n[bold green]pipeline finished[/bold green] in {report.seconds:.1f}s (workdir {root})", soft_wrap=True)
     for i, (step, metrics) in enumerate(report.results.items()):
         c.print("")
-        c.print(evaluation_table(step, metrics, str(root / step), legend=i == 0))
+        c.print(evaluation_table(step, metrics, str(root / step), legend=i == 0, detail=False))
     from gencli.workspace import Workspace
 
     if any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps) \

@@ -30,7 +30,7 @@ def policies(metrics: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [mine, theirs] if mine[0] == SERVED else [theirs, mine]
 
 
-def rows(blocks: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+def rows(blocks: dict[str, Any], detail: bool = True) -> list[tuple[str, tuple[str, ...]]]:
     """(label, path to a block) of the table's rows: gencli's ranking, its popularity buckets (a bucket holding every
     user repeats the overall row and is left out), then the baselines. A breakdown is one more list of paths here."""
     overall = blocks.get("overall") or {}
@@ -39,10 +39,8 @@ def rows(blocks: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
             and blocks[b].get("users") != overall.get("users")]
     out += [(label, (key,)) for label, key in BASELINES if isinstance(blocks.get(key), dict)]
     lengths = (blocks.get("by_history") or {}).get("gencli") or {}
-    if len(lengths) > 1:  # gencli by the length of the users' histories (one bucket would repeat the overall row)
+    if detail and len(lengths) > 1:  # gencli by the length of the users' histories (one bucket would repeat the overall row)
         out += [(f"  history {label}", ("by_history", "gencli", label)) for label in lengths]
-    if isinstance((blocks.get("no_history") or {}).get("gencli"), dict):  # each user's answer had they no history
-        out += [("no history: gencli", ("no_history", "gencli")), ("no history: popularity", ("no_history", "popularity"))]
     return out
 
 
@@ -68,9 +66,11 @@ def _cell(b: dict[str, Any] | None, key: str) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else ""
 
 
-def evaluation_table(step: str, metrics: dict[str, Any], where: str | None = None, legend: bool = True):
+def evaluation_table(step: str, metrics: dict[str, Any], where: str | None = None, legend: bool = True,
+                     detail: bool = True):
     """One ranking step's result: its table, then what the columns mean (``legend``; ``gencli run`` says it once),
-    which ranking the first policy used and where every metric is (``where``: the step's folder)."""
+    which ranking the first policy used and where every metric is (``where``: the step's folder). ``detail``: gencli
+    by history length and the no-history answers (``gencli eval``; ``gencli run`` keeps to one screen)."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -96,12 +96,17 @@ def evaluation_table(step: str, metrics: dict[str, Any], where: str | None = Non
             table.add_column(f"{words[i]}\n{_short(key)}", justify="right", no_wrap=True,
                              min_width=8 if g and not i else None)
             columns.append((source, key))
-    for label, path in rows(blocks):
+    for label, path in rows(blocks, detail):
         shown = block(blocks, path) or {}
         users_here = shown.get("users")
         table.add_row(label, f"{users_here:,}" if isinstance(users_here, int) else "",
                       *[_cell(block(source, path), key) for source, key in columns])
-    return Group(table, Text(notes(first, blocks.get("ranking"), bool(others), where, legend)))
+    text = notes(first, blocks.get("ranking"), bool(others), where, legend)
+    blind = metrics.get("no_history") if detail and metrics.get("cohort_size") is None else None
+    if isinstance(blind, dict) and all(isinstance(blind.get(m), dict) for m in ("gencli", "popularity")):
+        text = (f"no history: gencli R@{k} {_cell(blind['gencli'], f'recall@{k}')}, "
+                f"popularity {_cell(blind['popularity'], f'recall@{k}')}\n" + text)
+    return Group(table, Text(text))
 
 
 def notes(first: str, ranking: Any, both: bool, where: str | None, legend: bool = True) -> str:

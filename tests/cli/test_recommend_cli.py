@@ -376,3 +376,5 @@ def test_eval_reports_history_lengths_and_the_no_history_answer(trained):
     pop = rank_of_target(np.broadcast_to(popularity_order(counts)[:10], (len(targets), 10)), targets)
     assert written["no_history"]["popularity"]["recall@10"] == pytest.approx(float(((pop >= 1) & (pop <= 10)).mean()))
     assert set(written["no_history"]) >= {"gencli", "popularity", "content"}
+    shown = _run(trained, "eval", "--beams", "20", "--k", "10", "--max-users", "8", "--force")
+    assert shown.exit_code == 0 and "no history: gencli R@10" in shown.output  # the table a person reads says it
