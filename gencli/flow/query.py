@@ -13,11 +13,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from gencli.errors import InputError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MAX_LISTED = 10
 OUTPUT_SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -195,16 +196,18 @@ def answer(cfg, query: Query, progress=None) -> Answers:
 
 
 def _open(cfg, ws, query: Query, queries):
-    """(recommender, provenance, user ids, their histories as item indices, histories as ids or {})."""
+    """(recommender, provenance, user ids, their histories as item indices, histories as ids or {}); the users of
+    the workdir or bundle are read only when a query names one (or there is none: every user)."""
     from gencli.core.infer.recommend import Recommender
 
+    users = queries is None or any(h is None for _, h in queries)
     if ws is not None and query.bundle is None:
         from gencli.core.infer import workdir
         from gencli.steps import STEPS
         from gencli.workspace.executor import read_inputs
 
         inputs = read_inputs(ws, STEPS["recommend"], cfg)
-        user_ids, known = workdir.histories(inputs)
+        user_ids, known = workdir.histories(inputs) if users else ([], [])
         return workdir.recommender(inputs, cfg), workdir.provenance(inputs), user_ids, known, {}
     rec = Recommender.load(query.bundle, cfg.device, cfg.dtype)
     rec.batch_size = cfg.batch_size
@@ -214,6 +217,8 @@ def _open(cfg, ws, query: Query, queries):
         rec.ranker = dataclasses.replace(rec.ranker, blends=None)
     provenance = bundle_provenance(rec.metadata)
     if ws is not None:
+        import polars as pl
+
         from gencli.core.infer import workdir
         from gencli.flow.release import recommend_inputs
 
@@ -222,10 +227,12 @@ def _open(cfg, ws, query: Query, queries):
         user_ids, known = workdir.histories(inputs)
         by_ids = {u: [item_ids[i] for i in h] for u, h in zip(user_ids, known, strict=True)}
         return rec, provenance, user_ids, known, by_ids
+    if not users:
+        return rec, provenance, [], [], {}
     from gencli.core.infer.bundle import read_users
 
     carried = read_users(query.bundle, len(rec))
-    if carried is None and any(h is None for _, h in queries or [(None, None)]):
+    if carried is None:
         raise InputError(f"bundle {query.bundle} carries no user histories (exported with --no-users, or by an "
                          "earlier gencli): give --history or --stdin with a \"history\", or export it again")
     user_ids, known = carried or ([], [])
