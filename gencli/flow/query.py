@@ -135,10 +135,11 @@ def answer(cfg, query: Query, progress=None) -> Answers:
     if query.bundle is not None and query.workdir is not None and (queries is None or
                                                                    any(h is None for _, h in queries)):
         ws = _workdir(Workspace(query.workdir))  # the bundle's model, the workdir's users and histories
+    from gencli.threads import QUERY_THREADS
     from gencli.workspace.executor import apply_threads, quiet_libraries
 
     quiet_libraries()
-    apply_threads()
+    apply_threads(QUERY_THREADS)
     rec, provenance, user_ids, known, by_user_ids = _open(cfg, ws, query, queries)
     by_user = dict(zip(user_ids, known, strict=True))
     if queries is None:  # every user (--output without a selector)
@@ -209,7 +210,7 @@ def _open(cfg, ws, query: Query, queries):
         inputs = read_inputs(ws, STEPS["recommend"], cfg)
         user_ids, known = workdir.histories(inputs) if users else ([], [])
         return workdir.recommender(inputs, cfg), workdir.provenance(inputs), user_ids, known, {}
-    rec = Recommender.load(query.bundle, cfg.device, cfg.dtype)
+    rec = Recommender.load(query.bundle, cfg.device, cfg.dtype, threads=0)  # threads: apply_threads set them
     rec.batch_size = cfg.batch_size
     if cfg.max_history:
         rec.max_history = cfg.max_history
