@@ -114,14 +114,14 @@ def _user_ids_from_file(path: Path) -> list[str]:
 
 def answer(cfg, query: Query, progress=None) -> Answers:
     """Resolve the histories, decode, write ``query.output`` (not '-'): a RecommendConfig's settings apply."""
-    from gencli.workspace import Workspace, default_workdir
-
     output = query.output
     if output is not None and output != "-" and Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
         raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
     ws = None
     if query.bundle is None:
-        ws = _workdir(Workspace(query.workdir or default_workdir()))
+        from gencli.workspace import default_workdir
+
+        ws = _workdir(query.workdir or default_workdir())
     # parse the cheap inputs before loading a model
     queries: list[tuple[Any, list[str] | None]] | None
     if query.stdin:
@@ -134,7 +134,7 @@ def answer(cfg, query: Query, progress=None) -> Answers:
         queries = [(u, None) for u in wanted] if wanted else None
     if query.bundle is not None and query.workdir is not None and (queries is None or
                                                                    any(h is None for _, h in queries)):
-        ws = _workdir(Workspace(query.workdir))  # the bundle's model, the workdir's users and histories
+        ws = _workdir(query.workdir)  # the bundle's model, the workdir's users and histories
     from gencli.threads import QUERY_THREADS
     from gencli.workspace.executor import apply_threads, quiet_libraries
 
@@ -249,7 +249,11 @@ def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
             "run": Path(str(source["workdir"])).name if source.get("workdir") else None}
 
 
-def _workdir(ws):
+def _workdir(folder):
+    """The workspace of a workdir query (a bundle query imports none of the workspace's code)."""
+    from gencli.workspace import Workspace
+
+    ws = Workspace(folder)
     if not (ws.root / "manifest.json").exists():
         raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
                          "or point --workdir (or --bundle) at a trained model")
