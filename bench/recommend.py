@@ -57,7 +57,7 @@ def _throughput(workdir, k: int, beams: int, batch_size: int, repeats: int) -> d
             "recommend_step": {"users": steps[0]["users"], "users_per_s": max(s["users_per_s"] for s in steps)}}
 
 
-def _latency(workdir, bundle_dir, calls: int, k: int) -> dict:
+def _latency(workdir, bundle_dir, calls: int, k: int, threads: int) -> dict:
     import polars as pl
 
     from gencli import Recommender
@@ -66,7 +66,7 @@ def _latency(workdir, bundle_dir, calls: int, k: int) -> dict:
         shutil.rmtree(bundle_dir)
     gencli(["export", str(bundle_dir)], workdir)
     t0 = time.perf_counter()
-    rec = Recommender.load(bundle_dir, device="cpu")
+    rec = Recommender.load(bundle_dir, device="cpu", threads=threads)
     load_s = time.perf_counter() - t0
     test = pl.read_parquet(workdir / "ingest" / "test.parquet")
     ids = rec.item_ids
@@ -106,7 +106,8 @@ def main() -> None:
     result = {"dataset": args.dataset, "threads": args.threads, "k": args.k, "beams": args.beams,
               "batch_size": args.batch_size, "backbone": "tiny",
               "throughput": _throughput(workdir, args.k, args.beams, args.batch_size, args.repeats),
-              "latency": _latency(workdir, CACHE / f"recommend-{args.dataset}-bundle", args.calls, args.k)}
+              "latency": _latency(workdir, CACHE / f"recommend-{args.dataset}-bundle", args.calls, args.k,
+                                  args.threads)}
     write_json_atomic(CACHE / f"recommend-{args.dataset}.json", result)
     tp, lat = result["throughput"], result["latency"]
     eval_rate = tp["users_per_s"]["eval"]

@@ -308,7 +308,7 @@ def main() -> None:
     link = link_root / "current"
     link.symlink_to(Path(bundle).resolve(), target_is_directory=True)
     histories = histories_for(Path(bundle).resolve(), args.requests, args.seed)
-    rec = Recommender.load(bundle, device=args.device)
+    rec = Recommender.load(bundle, device=args.device, threads=args.threads)
     for h in histories[:5]:
         rec.recommend(h, k=args.k)
     levels = [int(c) for c in args.concurrency.split(",")]

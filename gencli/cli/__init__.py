@@ -9,11 +9,11 @@ import sys
 import click
 
 from gencli import __version__, steps
+from gencli.threads import thread_problem
 
 # command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
 # Nothing heavy is imported until a command runs.
 COMMANDS: dict[str, tuple[str, str]] = steps.commands()
-MAX_THREADS = 4096  # --threads at most (torch refuses absurd counts with a traceback)
 
 
 class LazyGroup(click.Group):
@@ -47,12 +47,9 @@ class LazyGroup(click.Group):
 
 
 def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    if value is not None and value < 0:
-        raise click.BadParameter(
-            f"{value} is negative; use 0 for torch's default or a positive number of CPU threads"
-        )
-    if value is not None and value > MAX_THREADS:
-        raise click.BadParameter(f"{value} is more than {MAX_THREADS}; give the CPU threads a job may use")
+    problem = None if value is None else thread_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
     return value
 
 
@@ -60,8 +57,8 @@ def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None
 @click.version_option(__version__, prog_name="gencli")
 @click.option("--threads", type=int, default=None, envvar="GENCLI_THREADS", show_envvar=True, metavar="N",
               callback=_check_threads,
-              help="CPU threads torch may use per gencli process (0 = torch default); lower it when several jobs "
-                   "share a few cores.")
+              help="CPU threads torch may use per gencli process (0 = torch's default, one per core; unset: that "
+                   "for steps, 1 for recommend queries and serve); lower it when several jobs share a few cores.")
 @click.pass_context
 def cli(ctx: click.Context, threads: int | None) -> None:
     """Generative recommendation with semantic IDs: catalog + logs -> a causal LM that emits the next item's SID.

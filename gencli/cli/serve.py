@@ -48,10 +48,11 @@ def serve(bundle, **options):
         fail(InputError(f"gencli serve needs {' and '.join(missing)}, which are not installed: {EXTRA}"), False)
     import logging
 
+    from gencli.threads import QUERY_THREADS
     from gencli.workspace.executor import apply_threads, quiet_libraries
 
     quiet_libraries()
-    apply_threads()
+    apply_threads(QUERY_THREADS)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s gencli serve: %(message)s")
     try:
         from gencli.core.serve.server import Service

@@ -39,3 +39,19 @@ def peak_rss_mib() -> float | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def set_threads(threads: int | None) -> int:
+    """Give torch ``threads`` CPU threads in this process (``torch.set_num_threads``): None = the query default
+    (:data:`gencli.threads.QUERY_THREADS`), 0 = leave torch's setting as it is; returns the count in effect. Anything
+    but a whole number in [0, MAX_THREADS] is an InputError saying so."""
+    from gencli.threads import QUERY_THREADS, thread_problem
+
+    if threads is None:
+        threads = QUERY_THREADS
+    problem = thread_problem(threads)
+    if problem:
+        raise InputError(f"threads: {problem}")
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

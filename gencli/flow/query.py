@@ -13,11 +13,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from gencli.errors import InputError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MAX_LISTED = 10
 OUTPUT_SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -113,14 +114,14 @@ def _user_ids_from_file(path: Path) -> list[str]:
 
 def answer(cfg, query: Query, progress=None) -> Answers:
     """Resolve the histories, decode, write ``query.output`` (not '-'): a RecommendConfig's settings apply."""
-    from gencli.workspace import Workspace, default_workdir
-
     output = query.output
     if output is not None and output != "-" and Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
         raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
     ws = None
     if query.bundle is None:
-        ws = _workdir(Workspace(query.workdir or default_workdir()))
+        from gencli.workspace import default_workdir
+
+        ws = _workdir(query.workdir or default_workdir())
     # parse the cheap inputs before loading a model
     queries: list[tuple[Any, list[str] | None]] | None
     if query.stdin:
@@ -133,11 +134,12 @@ def answer(cfg, query: Query, progress=None) -> Answers:
         queries = [(u, None) for u in wanted] if wanted else None
     if query.bundle is not None and query.workdir is not None and (queries is None or
                                                                    any(h is None for _, h in queries)):
-        ws = _workdir(Workspace(query.workdir))  # the bundle's model, the workdir's users and histories
+        ws = _workdir(query.workdir)  # the bundle's model, the workdir's users and histories
+    from gencli.threads import QUERY_THREADS
     from gencli.workspace.executor import apply_threads, quiet_libraries
 
     quiet_libraries()
-    apply_threads()
+    apply_threads(QUERY_THREADS)
     rec, provenance, user_ids, known, by_user_ids = _open(cfg, ws, query, queries)
     by_user = dict(zip(user_ids, known, strict=True))
     if queries is None:  # every user (--output without a selector)
@@ -196,18 +198,20 @@ def answer(cfg, query: Query, progress=None) -> Answers:
 
 
 def _open(cfg, ws, query: Query, queries):
-    """(recommender, provenance, user ids, their histories as item indices, histories as ids or {})."""
+    """(recommender, provenance, user ids, their histories as item indices, histories as ids or {}); the users of
+    the workdir or bundle are read only when a query names one (or there is none: every user)."""
     from gencli.core.infer.recommend import Recommender
 
+    users = queries is None or any(h is None for _, h in queries)
     if ws is not None and query.bundle is None:
         from gencli.core.infer import workdir
         from gencli.steps import STEPS
         from gencli.workspace.executor import read_inputs
 
         inputs = read_inputs(ws, STEPS["recommend"], cfg)
-        user_ids, known = workdir.histories(inputs)
+        user_ids, known = workdir.histories(inputs) if users else ([], [])
         return workdir.recommender(inputs, cfg), workdir.provenance(inputs), user_ids, known, {}
-    rec = Recommender.load(query.bundle, cfg.device, cfg.dtype)
+    rec = Recommender.load(query.bundle, cfg.device, cfg.dtype, threads=0)  # threads: apply_threads set them
     rec.batch_size = cfg.batch_size
     if cfg.max_history:
         rec.max_history = cfg.max_history
@@ -215,6 +219,8 @@ def _open(cfg, ws, query: Query, queries):
         rec.ranker = dataclasses.replace(rec.ranker, blends=None)
     provenance = bundle_provenance(rec.metadata)
     if ws is not None:
+        import polars as pl
+
         from gencli.core.infer import workdir
         from gencli.flow.release import recommend_inputs
 
@@ -223,10 +229,12 @@ def _open(cfg, ws, query: Query, queries):
         user_ids, known = workdir.histories(inputs)
         by_ids = {u: [item_ids[i] for i in h] for u, h in zip(user_ids, known, strict=True)}
         return rec, provenance, user_ids, known, by_ids
+    if not users:
+        return rec, provenance, [], [], {}
     from gencli.core.infer.bundle import read_users
 
     carried = read_users(query.bundle, len(rec))
-    if carried is None and any(h is None for _, h in queries or [(None, None)]):
+    if carried is None:
         raise InputError(f"bundle {query.bundle} carries no user histories (exported with --no-users, or by an "
                          "earlier gencli): give --history or --stdin with a \"history\", or export it again")
     user_ids, known = carried or ([], [])
@@ -242,7 +250,11 @@ def bundle_provenance(meta: dict[str, Any]) -> dict[str, Any]:
     return {"model": bundle_model_id(meta), "run": str(source["workdir"]) if source.get("workdir") else None}
 
 
-def _workdir(ws):
+def _workdir(folder):
+    """The workspace of a workdir query (a bundle query imports none of the workspace's code)."""
+    from gencli.workspace import Workspace
+
+    ws = Workspace(folder)
     if not (ws.root / "manifest.json").exists():
         raise InputError(f"workdir {ws.root} holds no finished steps; run `gencli run sample_data/pipeline.toml` "
                          "or point --workdir (or --bundle) at a trained model")

@@ -94,11 +94,11 @@ def promote(workdir: Path, link: Path, tolerance: float, max_users: int, keep: i
     folder.parent.mkdir(parents=True, exist_ok=True)
     export_bundle(ws, folder, "auto", 0, force=False)
     users = validation_users(ws).sample(max_users, seed=0)
-    new = core.score(Recommender.load(folder), users)
+    new = core.score(Recommender.load(folder, threads=0), users)
     old, problem = None, None
     if current is not None:
         try:
-            old = core.score(Recommender.load(current), users)
+            old = core.score(Recommender.load(current, threads=0), users)
         except GencliError as error:  # a broken live bundle: any valid model is better than serving errors
             problem = f"the current bundle {current} cannot be read ({error})"
     recall = f"recall@{core.PROMOTE_K}"

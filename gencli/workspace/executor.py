@@ -168,10 +168,12 @@ def _follow(step: Step, cfg: Any, workdir: Path, external) -> Outcome:
     return Outcome(step.name, "follower", "", {})  # rank 0 reports the metrics and any warnings
 
 
-def apply_threads() -> None:
+def apply_threads(default: int = 0) -> None:
     """``gencli --threads N`` / $GENCLI_THREADS: cap torch's CPU threads before work starts, so several jobs on a
-    few cores do not oversubscribe them. 0 or unset leaves torch's default."""
-    n = int(os.environ.get("GENCLI_THREADS") or 0)
+    few cores do not oversubscribe them. 0 leaves torch's default; unset, ``default`` (0 for a step,
+    :data:`gencli.threads.QUERY_THREADS` for a query or the server)."""
+    value = os.environ.get("GENCLI_THREADS")
+    n = int(value) if value else default
     if n <= 0:
         return
     import torch

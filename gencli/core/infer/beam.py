@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from gencli.config import StampConfig
 from gencli.core import dist
 from gencli.core.infer import shared_kv
 from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.lean import LeanCausalLM
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count, prune_prompts
 from gencli.core.stamp.sap import resolve
@@ -48,6 +48,15 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     """transformers >= 5.2x names the KV cache argument ``cache``; older models ``past_key_values``."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def _new_cache(model: torch.nn.Module):
+    """An empty KV cache for a prefill: the lean decoder's own, else transformers' (imported on first use)."""
+    if isinstance(model, LeanCausalLM):
+        return model.new_cache()
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
 
 
 def _left_pad(
@@ -120,7 +129,7 @@ def _decode_batch(
         for run in shared_kv.prefill_runs([len(p) for p in prompts], PREFILL_CALL_TOKENS):
             r_ids, r_mask, r_pos = _left_pad([prompts[i] for i in run], device,
                                              None if positions is None else [positions[i] for i in run])
-            parts.append((run, DynamicCache(config=model.config)))
+            parts.append((run, _new_cache(model)))
             out = model(input_ids=r_ids, attention_mask=r_mask, position_ids=r_pos, use_cache=True,
                         **{cache_kw: parts[-1][1]}, **extra)
             if last is None:
@@ -130,7 +139,7 @@ def _decode_batch(
         shared = shared_kv.assemble(parts, mask, beams)
         del parts
     else:
-        cache = DynamicCache(config=model.config)
+        cache = _new_cache(model)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache}, **extra)
         last = out.logits[:, -1]
         del out
@@ -227,6 +236,8 @@ def constrained_beam_search(
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (e.g. BOS)")
+    if isinstance(model, LeanCausalLM) and (prune is not None or not share_prompt or trie.depth < 2):
+        model = model.hf()  # STAMP's pruned prefill and HF's per-beam cache need transformers' model
     device = torch.device(device) if device is not None else next(model.parameters()).device
     head = model.get_output_embeddings()
     n_vocab = head.weight.shape[0] if head is not None else model.config.vocab_size

@@ -20,16 +20,16 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core import artifacts
 from gencli.core.infer.bundle_check import (
     BUNDLE_JSON,
     CHECKSUM,
+    check_replaceable,
     digest_problems,
     folder_problems,
     manifest_digest,
@@ -40,6 +40,9 @@ from gencli.core.infer.bundle_check import _shown as _shown
 from gencli.core.infer.bundle_check import bad as _bad
 from gencli.errors import ArtifactError, InputError
 from gencli.fileio import load_npy, parse_json, sha256_file
+
+if TYPE_CHECKING:
+    import polars as pl
 
 FORMAT_VERSION = 1
 ITEMS = "items.parquet"
@@ -62,6 +65,8 @@ def write_bundle(
     item) go to EMBEDDINGS for the content part of the ranking, and ``blend`` (the model step's blend.json) is
     copied beside them: together they make the bundle rank as the workdir does.
     """
+    import polars as pl
+
     from gencli import __version__
 
     out_dir = Path(out_dir)
@@ -73,7 +78,7 @@ def write_bundle(
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not force:
             raise InputError(f"{out_dir} already exists and is not empty; choose a new folder or pass --force")
-        _check_replaceable(out_dir, model_dir)
+        check_replaceable(out_dir, model_dir)
     from gencli.core.lm.backbone import check_finite_weights, check_model_folder
 
     check_model_folder(model_dir)  # a bundle without weights would only fail where it is used
@@ -124,35 +129,6 @@ def write_bundle(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
-
-
-def _check_replaceable(out_dir: Path, model_dir: Path) -> None:
-    """``--force`` deletes ``out_dir``: only when it is a bundle whose every file its gencli.json lists.
-
-    A folder holding anything else (a workdir, notes, another project), or one that holds the model being
-    exported, is refused with the first foreign paths named, so a mistyped DIR never deletes data.
-    """
-    root = out_dir.resolve()
-    source = Path(model_dir).resolve()
-    if source == root or root in source.parents:
-        raise InputError(f"{out_dir} holds the model being exported ({model_dir}); export to a folder outside it")
-    listed: set[str] = set()
-    try:
-        meta = parse_json((out_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
-        if isinstance(meta, dict) and isinstance(meta.get("files"), dict):
-            listed = {str(name) for name in meta["files"]}
-    except (OSError, UnicodeDecodeError, ValueError):
-        listed = set()
-    foreign = []
-    for p in sorted(out_dir.rglob("*")):
-        if p.is_symlink() or (p.is_file() and p.relative_to(out_dir).as_posix() not in listed | {BUNDLE_JSON}):
-            foreign.append(p.relative_to(out_dir).as_posix())
-        elif not p.is_file() and not p.is_dir():
-            foreign.append(p.relative_to(out_dir).as_posix())
-    if not listed or foreign:
-        shown = ", ".join(foreign[:5]) or f"no readable {BUNDLE_JSON}"
-        raise InputError(f"--force replaces only a gencli bundle, and {out_dir} holds other files ({shown}); "
-                         "nothing was deleted: choose a new folder, or remove those files yourself")
 
 
 def follow_pointer(path: Path) -> Path:
@@ -259,23 +235,47 @@ def check_weight_map(path: Path) -> None:
             raise _bad(path, f"{MODEL}/{index} points to weights outside the bundle ({', '.join(outside[:3])})")
 
 
-def read_items(path: Path) -> pl.DataFrame:
-    """items.parquet of a bundle: item_id, title, codes (checked: columns, equal SID lengths, unique ids)."""
+@dataclass
+class Items:
+    """The catalog of a bundle, as :func:`read_items` checked it."""
+
+    item_ids: list
+    titles: list
+    codes: np.ndarray
+    """int64 [n_items, levels incl. dedup]."""
+
+
+def read_items(path: Path) -> Items:
+    """items.parquet of a bundle: item_id, title, codes (checked: columns, equal SID lengths, unique ids). Read with
+    pyarrow, whose import costs a query a fifth of polars'."""
+    import pyarrow.parquet as pq
+
     file = Path(path) / ITEMS
     try:
-        frame = pl.read_parquet(file)
-    except Exception as exc:  # noqa: BLE001 - polars raises several types for a damaged file
+        table = pq.ParquetFile(file).read()  # not read_table: its dataset layer imports pyarrow.compute
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a damaged file
         raise _bad(path, f"{ITEMS} is corrupt ({type(exc).__name__}: {exc})") from None
-    missing = [c for c in ITEM_COLUMNS if c not in frame.columns]
+    missing = [c for c in ITEM_COLUMNS if c not in table.column_names]
     if missing:
         raise _bad(path, f"{ITEMS} lacks column(s) {', '.join(missing)}")
-    if frame.height == 0:
+    if table.num_rows == 0:
         raise _bad(path, f"{ITEMS} has no items")
-    if frame["codes"].list.len().n_unique() != 1 or frame["codes"].null_count():
+    codes = table.column("codes").combine_chunks()
+    # the list layout (offsets into one values array), not pyarrow.compute: its import costs more than the read
+    if not hasattr(codes, "offsets") or not str(codes.type.value_type).startswith(("int", "uint")):
+        raise _bad(path, f"{ITEMS}: the SID codes are not lists of integers")
+    offsets = codes.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    if codes.null_count or (lengths != lengths[0]).any():
         raise _bad(path, f"{ITEMS}: the SID codes have different lengths")
-    if frame["item_id"].n_unique() != frame.height or frame["item_id"].null_count():
+    values = codes.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if values.null_count:
+        raise _bad(path, f"{ITEMS}: the SID codes are not lists of integers")
+    ids = table.column("item_id").to_pylist()
+    if None in ids or len(set(ids)) != len(ids):
         raise _bad(path, f"{ITEMS}: item ids repeat or are empty")
-    return frame
+    return Items(ids, table.column("title").to_pylist(),
+                 values.to_numpy().astype(np.int64).reshape(table.num_rows, int(lengths[0])))
 
 
 def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | None:
@@ -290,6 +290,8 @@ def read_users(path: Path, n_items: int) -> tuple[list[str], list[list[int]]] | 
 def read_users_frame(path: Path, n_items: int) -> pl.DataFrame | None:
     """:func:`read_users` as a checked frame (``user_id`` str, ``history`` list of item rows), without Python lists
     per user: what a server keeps for millions of users."""
+    import polars as pl
+
     path = follow_pointer(path)
     file = Path(path) / USERS
     if not file.is_file():
@@ -326,27 +328,27 @@ class Bundle:
 def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle:
     """Read and check a bundle folder: its manifest, catalog, SID vocabulary and model (the one model loader)."""
     from gencli.core.device import resolve_device, resolve_dtype
-    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.lean import load_decoder
     from gencli.core.lm.prompt import load_sid_vocab
 
     path = follow_pointer(path)
     meta = read_manifest(path)
     items = read_items(path)
-    if meta.get("items", items.height) != items.height:
-        raise _bad(path, f"{BUNDLE_JSON} says {meta['items']} items, {ITEMS} holds {items.height}")
+    if meta.get("items", len(items.item_ids)) != len(items.item_ids):
+        raise _bad(path, f"{BUNDLE_JSON} says {meta['items']} items, {ITEMS} holds {len(items.item_ids)}")
     try:
         vocab = load_sid_vocab(Path(path) / artifacts.SID_VOCAB)
     except ArtifactError as exc:
         raise _bad(path, str(exc).split("; rerun")[0]) from None
-    codes = items["codes"].list.to_array(int(items["codes"].list.len()[0])).to_numpy().astype(np.int64)
+    codes = items.codes
     check_weight_map(path)
     torch_device = resolve_device(device)
     try:
-        model, _ = load_model(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
+        model = load_decoder(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
     except ArtifactError as exc:
         raise _bad(path, str(exc).split("; rerun")[0]) from None
     decode = meta["decode"]
-    return Bundle(Path(path), model, vocab, items["item_id"].to_list(), items["title"].to_list(), codes,
+    return Bundle(Path(path), model, vocab, items.item_ids, items.titles, codes,
                   max_history=decode.get("max_history", SFT_MAX_HISTORY), beams=decode.get("beams", 0), metadata=meta,
                   ranker=read_ranker(path, meta, _tokens(path, codes, vocab)))
 

@@ -18,7 +18,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from gencli.errors import ArtifactError
+from gencli.errors import ArtifactError, InputError
+from gencli.fileio import parse_json
 
 BUNDLE_JSON = "gencli.json"
 CHECKSUM = "manifest_sha256"
@@ -169,3 +170,32 @@ def users_problems(frame: Any, n_items: int) -> list[str]:
     if len(rows) and not (0 <= int(rows.min()) and int(rows.max()) < n_items):
         problems.append(f"a history names an item row outside the catalog of {n_items} items")
     return problems
+
+
+def check_replaceable(out_dir: Path, model_dir: Path) -> None:
+    """``--force`` deletes ``out_dir``: only when it is a bundle whose every file its gencli.json lists.
+
+    A folder holding anything else (a workdir, notes, another project), or one that holds the model being
+    exported, is refused with the first foreign paths named, so a mistyped DIR never deletes data.
+    """
+    root = out_dir.resolve()
+    source = Path(model_dir).resolve()
+    if source == root or root in source.parents:
+        raise InputError(f"{out_dir} holds the model being exported ({model_dir}); export to a folder outside it")
+    listed: set[str] = set()
+    try:
+        meta = parse_json((out_dir / BUNDLE_JSON).read_text(encoding="utf-8"))
+        if isinstance(meta, dict) and isinstance(meta.get("files"), dict):
+            listed = {str(name) for name in meta["files"]}
+    except (OSError, UnicodeDecodeError, ValueError):
+        listed = set()
+    foreign = []
+    for p in sorted(out_dir.rglob("*")):
+        if p.is_symlink() or (p.is_file() and p.relative_to(out_dir).as_posix() not in listed | {BUNDLE_JSON}):
+            foreign.append(p.relative_to(out_dir).as_posix())
+        elif not p.is_file() and not p.is_dir():
+            foreign.append(p.relative_to(out_dir).as_posix())
+    if not listed or foreign:
+        shown = ", ".join(foreign[:5]) or f"no readable {BUNDLE_JSON}"
+        raise InputError(f"--force replaces only a gencli bundle, and {out_dir} holds other files ({shown}); "
+                         "nothing was deleted: choose a new folder, or remove those files yourself")

@@ -118,10 +118,18 @@ class Recommender:
         self.ranker = ranker
 
     @classmethod
-    def load(cls, path: Path | str, device: str = "auto", dtype: str = "auto") -> Recommender:
-        """Open a bundle folder written by ``gencli export`` (InputError naming the problem otherwise)."""
+    def load(cls, path: Path | str, device: str = "auto", dtype: str = "auto",
+             threads: int | None = None) -> Recommender:
+        """Open a bundle folder written by ``gencli export`` (InputError naming the problem otherwise).
+
+        ``threads``: torch's CPU threads for this process (``torch.set_num_threads``): None = 1, the fastest for one
+        query at a time on an idle machine and under load alike (docs/usage.md); N = N (batches on cores of their
+        own); 0 = leave torch's setting as it is.
+        """
+        from gencli.core.device import set_threads
         from gencli.core.infer.bundle import open_bundle
 
+        set_threads(threads)
         bundle = open_bundle(Path(path), device, dtype)
         try:
             return cls(bundle.model, bundle.vocab, bundle.item_ids, bundle.titles, bundle.codes,

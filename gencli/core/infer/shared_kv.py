@@ -22,10 +22,13 @@ cache (:func:`supports`).
 from __future__ import annotations
 
 import math
+import threading
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 # architectures whose attention is exactly softmax(q k^T * scaling + mask) v with GQA (checked against HF's cache
 # in tests/core/test_shared_kv.py); anything else decodes with HF's cache
@@ -80,31 +83,49 @@ class SharedPrompt:
         return out.reshape(rows, 1, heads, d)
 
 
-_SDPA = AttentionInterface._global_mapping["sdpa"]
-_SDPA = getattr(_SDPA, "hf_sdpa", _SDPA)  # a reload of this module must not wrap its own wrapper
+_REGISTER = threading.Lock()
 
 
-def _attention(module, query, key, value, attention_mask, *args, gencli_shared: SharedPrompt | None = None,
-               **kwargs):
-    """HF's sdpa attention, unless the call carries a :class:`SharedPrompt` (gencli's beam decode steps only)."""
-    if gencli_shared is None:
-        return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)
-    if kwargs.get("sliding_window") is not None or query.shape[2] != 1:
-        raise RuntimeError("the shared prompt cache only runs gencli's beam decode steps (one token, no window)")
-    scaling = kwargs.get("scaling")
-    scale = module.head_dim**-0.5 if scaling is None else scaling
-    return gencli_shared.attend(module.layer_idx, query, key, value, scale), None
+def _register_attention() -> None:
+    """Register gencli's attention as HF's ``sdpa``, once per process, when a transformers model first decodes (the
+    lean decoder of :mod:`gencli.core.lm.lean` calls :meth:`SharedPrompt.attend` itself, without transformers).
 
+    It runs HF's sdpa whenever the call carries no SharedPrompt. Registered rather than switched in on the model's
+    config for the decode steps: nothing about the model changes during a call, so one Recommender stays safe to
+    share between threads."""
+    from transformers import AttentionInterface
 
-# Registered over HF's sdpa (which it calls whenever the call carries no SharedPrompt), rather than switched in on the
-# model's config for the decode steps: nothing about the model changes during a call, so one Recommender stays safe
-# to share between threads.
-_attention.hf_sdpa = _SDPA
-AttentionInterface.register("sdpa", _attention)
+    with _REGISTER:
+        current = AttentionInterface._global_mapping["sdpa"]
+        if getattr(current, "hf_sdpa", None) is not None:
+            return
+        hf_sdpa = current
+
+        def _attention(module, query, key, value, attention_mask, *args, gencli_shared: SharedPrompt | None = None,
+                       **kwargs):
+            """HF's sdpa attention, unless the call carries a :class:`SharedPrompt` (gencli's beam decode steps)."""
+            if gencli_shared is None:
+                return hf_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+            if kwargs.get("sliding_window") is not None or query.shape[2] != 1:
+                raise RuntimeError("the shared prompt cache only runs gencli's beam decode steps (one token, no window)")
+            scaling = kwargs.get("scaling")
+            scale = module.head_dim**-0.5 if scaling is None else scaling
+            return gencli_shared.attend(module.layer_idx, query, key, value, scale), None
+
+        _attention.hf_sdpa = hf_sdpa
+        AttentionInterface.register("sdpa", _attention)
 
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether this model's decode steps can run on :class:`SharedPrompt` (else HF's cache is kept)."""
+    from gencli.core.lm.lean import LeanCausalLM
+
+    if isinstance(model, LeanCausalLM):  # built only for the architectures and settings below
+        return True
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    _register_attention()
     config = model.config
     if getattr(config, "model_type", None) not in SUPPORTED or getattr(config, "_attn_implementation", None) != "sdpa":
         return False

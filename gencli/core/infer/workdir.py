@@ -23,14 +23,14 @@ def recommender(inputs, cfg):
     """A Recommender over the model step ``inputs`` reads (``cfg``: a RecommendConfig: device, dtype, beams, ...)."""
     from gencli.core.device import resolve_device, resolve_dtype
     from gencli.core.infer.recommend import Recommender
-    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.lean import load_decoder
     from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
     items = inputs.items()
     device = resolve_device(cfg.device)
-    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device))
+    model = load_decoder(model_dir, device, resolve_dtype(cfg.dtype, device))
     vocab = load_sid_vocab(vocab_path)
     return Recommender(model, vocab, items["item_id"].cast(pl.String).to_list(),
                        items["title"].cast(pl.String).to_list(), codes,

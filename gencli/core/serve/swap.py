@@ -140,7 +140,7 @@ def load_served(path: Path, device: str = "auto", dtype: str = "auto", decode_ba
     from gencli.core.infer.recommend import Recommender
 
     folder = resolve_bundle(path)
-    rec = Recommender.load(folder, device=device, dtype=dtype)
+    rec = Recommender.load(folder, device=device, dtype=dtype, threads=0)  # the server set them (cli/serve.py)
     carried = read_users_frame(folder, len(rec))
     users = KnownUsers(carried) if carried is not None else None
     if decode_batch:
