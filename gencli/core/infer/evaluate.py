@@ -21,22 +21,18 @@ from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blend import Ranker, content_ranking, rank
-from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES, top_by_score
+from gencli.core.infer.breakdown import blind_lists, by_history
+from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES
 from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import (
-    by_history_length,
     coverage_at_k,
-    ndcg_at_k,
-    popularity_order,
     popularity_percentile_at_k,
     popularity_ranks,
     rank_of_target,
     ranking_metrics,
-    recall_at_k,
     seeded_subsample,
     summarize,
 )
-from gencli.core.infer.prior import prior_top
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
@@ -212,48 +208,6 @@ def versus_baselines(result: dict, targets: np.ndarray, counts: np.ndarray, ks: 
     return out
 
 
-def by_history(result: dict, evaluator: Evaluator, counts: np.ndarray, blind_lists: dict[str, np.ndarray]) -> dict:
-    """Recall@10 / NDCG@10 by the length of the users' histories for gencli, the model alone, the content baseline
-    and popularity ("by_history"), and each one's answer to a user without history scored on the same targets
-    ("no_history"; ``blind_lists``: method -> its one list)."""
-    targets, top = evaluator.targets, result["items"].shape[1]
-    k = min(10, top)
-    lengths = np.array([len(h) for h in evaluator.histories])
-    ranks = {"gencli": result["ranks"]}
-    if "model_items" in result:
-        ranks["model_only"] = rank_of_target(result["model_items"], targets)
-        ranks["content"] = rank_of_target(result["content_items"], targets)
-    ranks["popularity"] = popularity_ranks(counts, targets, top, evaluator.histories if evaluator.exclude_seen else None)
-    blind = {}
-    for method, items in blind_lists.items():
-        r = rank_of_target(np.broadcast_to(items[:k], (len(targets), min(k, items.size))), targets)
-        blind[method] = {f"recall@{k}": recall_at_k(r, k), f"ndcg@{k}": ndcg_at_k(r, k), "users": int(len(targets))}
-    return {"by_history": {m: by_history_length(r, lengths, k) for m, r in ranks.items()}, "no_history": blind}
-
-
-def blind_lists(model, evaluator: Evaluator, ranker: Ranker | None, counts: np.ndarray, bos_id: int | None, beams: int,
-                top: int, device, softmax_rows) -> dict[str, np.ndarray]:
-    """Each method's one list for a user without history: gencli's (the prior with the blend, else the model's),
-    the model alone's (the prompt is BOS alone; none without a BOS token), the content baseline's (a zero profile)
-    and popularity's."""
-    out: dict[str, np.ndarray] = {}
-    model_list = None
-    if bos_id is not None:
-        found = constrained_beam_search(model, [[bos_id]], evaluator.trie, beams=beams, top_k=top, batch_size=1,
-                                        device=device, softmax_rows=softmax_rows)[0][0]
-        model_list = found[found >= 0]
-    if ranker is not None and ranker.blends is not None and ranker.prior is not None:
-        out["gencli"] = prior_top(ranker.prior, ranker.counts, top)[0]
-    elif model_list is not None:
-        out["gencli"] = model_list
-    if model_list is not None and ranker is not None:
-        out["model_only"] = model_list
-    if ranker is not None:
-        out["content"] = top_by_score(ranker.scorer.cosines([[]]).astype(np.float64), top)[0]
-    out["popularity"] = popularity_order(counts)[:top]
-    return out
-
-
 def _with_baselines(result: dict, evaluator: Evaluator, exclude_seen: bool, train_counts: np.ndarray | None,
                     ks: Sequence[int], n_items: int) -> dict:
     """Move the baselines' blocks into ``result["metrics"]`` (popularity, content, model alone; the same users and
@@ -344,17 +298,16 @@ def run(
     extra = _with_baselines(result, evaluator, cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
     lists = None
     if train_counts is not None:  # by history length, and each method's answer to a user without one
-        lists = blind_lists(model, evaluator, ranker, train_counts, vocab.bos_id, cfg.beams, max(cfg.k), device,
+        lists = blind_lists(model, evaluator.trie, ranker, train_counts, vocab.bos_id, cfg.beams, max(cfg.k), device,
                             decode["softmax_rows"])
-        extra.update(by_history(result, evaluator, train_counts, lists))
+        extra.update(by_history(result, evaluator.targets, evaluator.histories, cfg.exclude_seen, train_counts, lists))
     # the headline of each policy scored: served (seen items masked, what recommend serves) and seen_ranked
     policies = {POLICY_NAMES[cfg.exclude_seen]: result["metrics"]["overall"]}
     if other is not None:
         other_extra = _with_baselines(other, evaluator, not cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
         if lists is not None:
-            evaluator.exclude_seen = not cfg.exclude_seen
-            other_extra["by_history"] = by_history(other, evaluator, train_counts, {})["by_history"]
-            evaluator.exclude_seen = cfg.exclude_seen
+            other_extra["by_history"] = by_history(other, evaluator.targets, evaluator.histories,
+                                                   not cfg.exclude_seen, train_counts, {})["by_history"]
         policies[POLICY_NAMES[not cfg.exclude_seen]] = other["metrics"]["overall"]
         policies["other_policy"] = {"exclude_seen": not cfg.exclude_seen,
                                     "ranking": other.get("blend", MODEL_ONLY).to_dict(), **other["metrics"],
