@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,37 @@ SAMPLE = ROOT / "sample_data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ["GENCLI_NO_PROGRESS"] = "1"
+# One CPU thread for torch here and in every process a test starts: tiny models gain nothing from a second thread,
+# and on a shared 2-core box a thread waiting for a busy core stalls every op (the suite ran 2-10x slower).
+os.environ["OMP_NUM_THREADS"] = "1"
+# The caller's environment changes no result: no GENCLI_* variable reaches the session's fixtures or a test but the
+# suite's own (tests that read progress lines remove it), nor a terminal size (tables fit COLUMNS when it is set;
+# pytest-xdist's workers set COLUMNS=80). Tests that need one set it.
+SUITE_ENV = {"GENCLI_NO_PROGRESS": "1"}
+TERMINAL = ("COLUMNS", "LINES")
+
+
+def _caller_env() -> list[str]:
+    return [n for n in os.environ if n.startswith("GENCLI_") or n in TERMINAL]
+
+
+for _name in _caller_env():
+    del os.environ[_name]
+os.environ.update(SUITE_ENV)
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch):
+    """Each test starts with no GENCLI_* variable but the suite's own, no terminal size and one torch thread, whatever
+    an earlier test left (``--threads`` exports GENCLI_THREADS for the steps ``gencli run`` calls in-process and sets
+    torch's threads)."""
+    for name in _caller_env():
+        monkeypatch.delenv(name)
+    for name, value in SUITE_ENV.items():
+        monkeypatch.setenv(name, value)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
