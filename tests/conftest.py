@@ -76,7 +76,8 @@ def invoke(runner, tmp_path):
 
 @pytest.fixture(scope="session")
 def embedded_workdir(tmp_path_factory) -> Path:
-    """A workdir with ingest + embed done on the sample data (embedding is the slow part: once per session).
+    """A workdir with ingest + embed done on the whole sample data (891 items after the k-core; embedding them takes
+    5-15 s on one thread, once per session: the slow tests use it, the default suite uses ``small_embedded``).
 
     Tests copy it (shutil.copytree) before changing anything.
     """
@@ -120,15 +121,32 @@ def small_sample(tmp_path_factory) -> SmallSample:
 
 
 @pytest.fixture(scope="session")
-def trained_small(small_sample, tmp_path_factory) -> Path:
+def small_embedded(small_sample, tmp_path_factory) -> Path:
+    """A workdir with ingest + embed done on the small sample (40 items, 51 users), once per session.
+
+    Tests copy it (shutil.copytree) before changing anything.
+    """
+    from workdirs import run
+
+    wd = tmp_path_factory.mktemp("small_embedded") / "work"
+    for args in (small_sample.ingest_args(), ["embed"]):
+        r, p = run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    return wd
+
+
+@pytest.fixture(scope="session")
+def trained_small(small_embedded, tmp_path_factory) -> Path:
     """A folder holding ``work`` (ingest .. sft on the small sample: 2 sft steps, a checkpoint per step) and
     ``bundle`` (exported from it). Tests copy it (shutil.copytree) before changing anything."""
+    import shutil
+
     from workdirs import SFT, run
 
     root = tmp_path_factory.mktemp("trained")
     wd = root / "work"
-    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
-                 ["init-vocab", "--model", "tiny"], SFT):
+    shutil.copytree(small_embedded, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "4"], ["init-vocab", "--model", "tiny"], SFT):
         r, p = run(wd, *args)
         assert r.exit_code == 0 and p["status"] == "done", r.output
     r, _ = run(wd, "export", str(root / "bundle"))
