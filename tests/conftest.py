@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,37 @@ SAMPLE = ROOT / "sample_data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ["GENCLI_NO_PROGRESS"] = "1"
+# One CPU thread for torch here and in every process a test starts: tiny models gain nothing from a second thread,
+# and on a shared 2-core box a thread waiting for a busy core stalls every op (the suite ran 2-10x slower).
+os.environ["OMP_NUM_THREADS"] = "1"
+# The caller's environment changes no result: no GENCLI_* variable reaches the session's fixtures or a test but the
+# suite's own (tests that read progress lines remove it), nor a terminal size (tables fit COLUMNS when it is set;
+# pytest-xdist's workers set COLUMNS=80). Tests that need one set it.
+SUITE_ENV = {"GENCLI_NO_PROGRESS": "1"}
+TERMINAL = ("COLUMNS", "LINES")
+
+
+def _caller_env() -> list[str]:
+    return [n for n in os.environ if n.startswith("GENCLI_") or n in TERMINAL]
+
+
+for _name in _caller_env():
+    del os.environ[_name]
+os.environ.update(SUITE_ENV)
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch):
+    """Each test starts with no GENCLI_* variable but the suite's own, no terminal size and one torch thread, whatever
+    an earlier test left (``--threads`` exports GENCLI_THREADS for the steps ``gencli run`` calls in-process and sets
+    torch's threads)."""
+    for name in _caller_env():
+        monkeypatch.delenv(name)
+    for name, value in SUITE_ENV.items():
+        monkeypatch.setenv(name, value)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -45,7 +76,8 @@ def invoke(runner, tmp_path):
 
 @pytest.fixture(scope="session")
 def embedded_workdir(tmp_path_factory) -> Path:
-    """A workdir with ingest + embed done on the sample data (embedding is the slow part: once per session).
+    """A workdir with ingest + embed done on the whole sample data (891 items after the k-core; embedding them takes
+    5-15 s on one thread, once per session: the slow tests use it, the default suite uses ``small_embedded``).
 
     Tests copy it (shutil.copytree) before changing anything.
     """
@@ -89,15 +121,32 @@ def small_sample(tmp_path_factory) -> SmallSample:
 
 
 @pytest.fixture(scope="session")
-def trained_small(small_sample, tmp_path_factory) -> Path:
+def small_embedded(small_sample, tmp_path_factory) -> Path:
+    """A workdir with ingest + embed done on the small sample (40 items, 51 users), once per session.
+
+    Tests copy it (shutil.copytree) before changing anything.
+    """
+    from workdirs import run
+
+    wd = tmp_path_factory.mktemp("small_embedded") / "work"
+    for args in (small_sample.ingest_args(), ["embed"]):
+        r, p = run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    return wd
+
+
+@pytest.fixture(scope="session")
+def trained_small(small_embedded, tmp_path_factory) -> Path:
     """A folder holding ``work`` (ingest .. sft on the small sample: 2 sft steps, a checkpoint per step) and
     ``bundle`` (exported from it). Tests copy it (shutil.copytree) before changing anything."""
+    import shutil
+
     from workdirs import SFT, run
 
     root = tmp_path_factory.mktemp("trained")
     wd = root / "work"
-    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
-                 ["init-vocab", "--model", "tiny"], SFT):
+    shutil.copytree(small_embedded, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "4"], ["init-vocab", "--model", "tiny"], SFT):
         r, p = run(wd, *args)
         assert r.exit_code == 0 and p["status"] == "done", r.output
     r, _ = run(wd, "export", str(root / "bundle"))

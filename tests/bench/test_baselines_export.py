@@ -80,7 +80,11 @@ def test_recbole_runner_needs_no_gencli():
     assert not re.search(r"^\s*(from|import)\s+(gencli|polars|common)\b", text, re.M)
 
 
-def test_sasrec_device_script_runs_every_split_and_seed_and_fails_loudly(baselines, tmp_path):
+# each run is an interpreter importing torch: one split and seed in the default suite, two of each in -m slow
+@pytest.mark.parametrize(("datasets", "seeds"), [(("toy",), (0,)),
+                                                 pytest.param(("toy", "other"), (0, 2), marks=pytest.mark.slow)],
+                         ids=["one-split-one-seed", "two-splits-two-seeds"])
+def test_sasrec_device_script_runs_every_split_and_seed_and_fails_loudly(baselines, tmp_path, datasets, seeds):
     """bench/sasrec_device.sh starts the runner for every exported split and seed, writes each log where
     baselines.py looks for the result, and exits 1 when a run fails (here: no RecBole in gencli's environment)."""
     import os
@@ -88,14 +92,14 @@ def test_sasrec_device_script_runs_every_split_and_seed_and_fails_loudly(baselin
     import sys
 
     root = tmp_path / "baselines"
-    for dataset in ("toy", "other"):
+    for dataset in datasets:
         baselines.export_split(SPLIT, root / dataset, f"gencli_{dataset}")
     out = tmp_path / "out"
     env = {**os.environ, "DEVICE": "cpu", "EPOCHS": "1", "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(BENCH / "sasrec_device.sh"), str(root), str(out), "0,2"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(BENCH / "sasrec_device.sh"), str(root), str(out), ",".join(map(str, seeds))],
+                          env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     logs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.log"))
     digest = next((root / "toy").glob("split-*")).name
-    assert logs == sorted(f"{d}/{digest}/sasrec-e1-s{s}.log" for d in ("toy", "other") for s in (0, 2))
+    assert logs == sorted(f"{d}/{digest}/sasrec-e1-s{s}.log" for d in datasets for s in seeds)
     assert all("recbole" in p.read_text() for p in out.rglob("*.log"))  # the runner's import of RecBole failed

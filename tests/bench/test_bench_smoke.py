@@ -172,10 +172,11 @@ def test_gpu_check_dry_run_on_cpu_writes_the_three_tables(tiny_workdir, tmp_path
     """bench/gpu_check.sh with its CPU override (tiny backbone, a few steps): every job finishes and
     bench/gpu_tables.py fills the three tables from their outputs."""
     out = tmp_path / "out"
+    # INIT_TRAIN_S 11: the least an init run trains (gpu_check.sh skips it with 10 s or less)
     run_bench("bench/gpu_check.sh", str(tiny_workdir), str(out), timeout=1500,
               env={"DEVICE": "cpu", "MODEL": "tiny", "SEEDS": "0", "INITS": "centroid random", "STAMP_STEPS": "2",
                    "STAMP_VAL_USERS": "10", "EVAL_BEAMS": "10", "SPEED_ROUNDS": "2", "SPEED_STEPS": "1",
-                   "SPEED_BATCH": "4", "SPEED_MIN_TOKENS": "16", "INIT_TRAIN_S": "15", "INIT_EPOCHS": "1", "SERVE_REQUESTS": "10",
+                   "SPEED_BATCH": "4", "SPEED_MIN_TOKENS": "16", "INIT_TRAIN_S": "11", "INIT_EPOCHS": "1", "SERVE_REQUESTS": "10",
                    "SERVE_TIME": "2", "SERVE_CONC": "1,4", "THREADS": "1", "BUDGET": "1200",
                    "WORK": str(tmp_path / "work")})
     status = (out / "logs" / "status").read_text()

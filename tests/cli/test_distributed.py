@@ -24,11 +24,20 @@ SFT = ["sft", "--max-steps", "6", "--batch-size", "8", "--max-history", "5", "--
 
 
 def gencli(args: list[str], workdir: Path, tmp: Path, nproc: int = 1) -> subprocess.CompletedProcess:
+    """``gencli ARGS`` under torchrun with ``nproc`` processes; with one, in this process (the same code on one
+    thread; a fresh interpreter would only add seconds of imports to each comparison)."""
+    argv = [*args, "--workdir", str(workdir), "--json"]
+    if nproc == 1:
+        from click.testing import CliRunner
+
+        from gencli.cli import cli
+
+        r = CliRunner().invoke(cli, ["--threads", "1", *argv], env={"GENCLI_THREADS": None})
+        return subprocess.CompletedProcess(argv, r.exit_code, r.stdout, r.stderr)
     env = {**os.environ, "GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1", "GENCLI_NO_PROGRESS": "1", "TMPDIR": str(tmp)}
-    launcher = [sys.executable, "-m", "gencli"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "gencli"]
-    return subprocess.run([*launcher, *args, "--workdir", str(workdir), "--json"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m",
+                "gencli"]
+    return subprocess.run([*launcher, *argv], env=env, capture_output=True, text=True, timeout=600)
 
 
 def ok(result: subprocess.CompletedProcess) -> dict:
@@ -43,12 +52,12 @@ def weights(workdir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def vocab_workdir(small_sample, tmp_path_factory) -> Path:
+def vocab_workdir(small_embedded, tmp_path_factory) -> Path:
     wd = tmp_path_factory.mktemp("dist") / "work"
-    tmp = wd.parent
-    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4", "--seed", "0"],
-                 ["init-vocab", "--model", "tiny", "--seed", "0"]):
-        ok(gencli(args, wd, tmp))
+    shutil.copytree(small_embedded, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "4", "--seed", "0"], ["init-vocab", "--model", "tiny",
+                                                                               "--seed", "0"]):
+        ok(gencli(args, wd, wd.parent))
     return wd
 
 

@@ -1,4 +1,5 @@
-"""End to end through the real CLI on the bundled sample data: ingest, embed, quantize, status."""
+"""End to end through the real CLI on the bundled sample data (the small sample; README's headline quantize on the
+whole sample in -m slow): ingest, embed, quantize, status."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from click.testing import CliRunner
 from gencli.cli import cli
 from gencli.errors import EXIT_BAD_INPUT
 
-SAMPLE = __import__("pathlib").Path(__file__).resolve().parents[2] / "sample_data"
-
 
 def _run(workdir, *args):
     result = CliRunner().invoke(cli, [*args, "--workdir", str(workdir), "--json"])
@@ -22,19 +21,21 @@ def _run(workdir, *args):
     return result, payload
 
 
+CODES = "8"  # per level, on the small sample's 40 items: 3 levels and the dedup level, as README's 3 x 256
+
+
 @pytest.fixture(scope="module")
-def foundation(embedded_workdir, tmp_path_factory):
-    """ingest + embed (shared) then quantize with the headline command, in a private copy."""
+def foundation(small_sample, small_embedded, tmp_path_factory):
+    """ingest + embed of the small sample (shared) then quantize with 3 levels, in a private copy."""
     root = tmp_path_factory.mktemp("foundation")
     wd = root / "work"
-    shutil.copytree(embedded_workdir, wd)
-    r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256")
+    shutil.copytree(small_embedded, wd)
+    r, p = _run(wd, "quantize", "--levels", "3", "--codes", CODES)
     assert r.exit_code == 0, r.output
-    return root, SAMPLE, wd, p
+    return root, small_sample, wd, p
 
 
-def test_quantize_headline_command_gives_unique_sids(foundation):
-    root, data, wd, payload = foundation
+def _unique_sids(wd, payload, per_level: int) -> None:
     assert payload["status"] == "done"
     sids = pl.read_parquet(wd / "quantize" / "sids.parquet")
     items = pl.read_parquet(wd / "ingest" / "items.parquet")
@@ -42,30 +43,43 @@ def test_quantize_headline_command_gives_unique_sids(foundation):
     codes = np.array(sids["codes"].to_list())
     assert codes.shape == (items.height, 4)  # 3 levels + dedup
     assert len({tuple(c) for c in codes}) == items.height
-    assert codes[:, :3].max() < 256
+    assert codes[:, :3].max() < per_level
     emb = np.load(wd / "embed" / "embeddings.npy")
     assert emb.dtype == np.float32 and emb.shape == (items.height, 384)
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_quantize_headline_command_gives_unique_sids(foundation):
+    _, _, wd, payload = foundation
+    _unique_sids(wd, payload, int(CODES))
+
+
+@pytest.mark.slow  # embeds the whole sample's 891 items
+def test_readme_quantize_on_the_whole_sample_gives_unique_sids(embedded_workdir, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(embedded_workdir, wd)
+    r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256")  # README's step by step
+    assert r.exit_code == 0, r.output
+    _unique_sids(wd, p, 256)
 
 
 def test_step_json_is_self_describing(foundation):
     _, data, wd, _ = foundation
     record = json.loads((wd / "quantize" / "step.json").read_text())
     assert record["status"] == "done"
-    assert record["params"]["codes"] == [256, 256, 256]
+    assert record["params"]["codes"] == [int(CODES)] * 3
     assert set(record["inputs"]) == {"ingest", "embed"}
     assert {o["path"] for o in record["outputs"]} >= {"codebooks.npz", "sids.parquet", "token_map.json"}
     sids = next(o for o in record["outputs"] if o["path"] == "sids.parquet")
     assert sids["rows"] == record["metrics"]["items"] and len(sids["sha256"]) == 64
     ingest = json.loads((wd / "ingest" / "step.json").read_text())
-    assert ingest["inputs"]["items"]["path"] == str((data / "items.csv").resolve())
+    assert ingest["inputs"]["items"]["path"] == str((data.folder / "items.csv").resolve())
 
 
 def test_rerun_is_up_to_date_and_status_reports(foundation):
     _, data, wd, _ = foundation
     before = (wd / "manifest.json").read_bytes()
-    for args in (["ingest", "--items", str(data / "items.csv"), "--interactions", str(data / "interactions.csv")],
-                 ["embed"], ["quantize", "--levels", "3", "--codes", "256"]):
+    for args in (data.ingest_args(), ["embed"], ["quantize", "--levels", "3", "--codes", CODES]):
         r, p = _run(wd, *args)
         assert r.exit_code == 0 and p["status"] == "up-to-date", r.output
     assert (wd / "manifest.json").read_bytes() == before
@@ -146,7 +160,7 @@ def test_codebooks_from_keeps_old_sids(foundation, tmp_path):
     _, _, wd0, _ = foundation
     wd = tmp_path / "work"
     shutil.copytree(wd0, wd)
-    r, p = _run(wd, "quantize", "--levels", "3", "--codes", "256", "--codebooks-from", str(wd0))
+    r, p = _run(wd, "quantize", "--levels", "3", "--codes", CODES, "--codebooks-from", str(wd0))
     assert r.exit_code == 0, r.output
     assert p["metrics"]["items_kept"] == p["metrics"]["items"]
     old = pl.read_parquet(wd0 / "quantize" / "sids.parquet")

@@ -18,13 +18,13 @@ from click.testing import CliRunner
 
 from gencli.cli import cli
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
-
-PIPELINE = f"""
+PIPELINE = """
 steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
 [ingest]
-items = "{SAMPLE / 'items.csv'}"
-interactions = "{SAMPLE / 'interactions.csv'}"
+items = "DATA/items.csv"
+interactions = "DATA/interactions.csv"
+user-core = 3
+item-core = 0
 [quantize]
 levels = 3
 codes = 16
@@ -65,12 +65,13 @@ def _json(result):
 
 
 @pytest.fixture(scope="module")
-def piped(embedded_workdir, tmp_path_factory):
+def piped(small_sample, small_embedded, tmp_path_factory):
+    """Every step on the small sample (40 items, 51 users); ingest and embed are up to date in the copy."""
     root = tmp_path_factory.mktemp("pipe")
     wd = root / "work"
-    shutil.copytree(embedded_workdir, wd)
+    shutil.copytree(small_embedded, wd)
     config = root / "pipeline.toml"
-    config.write_text(PIPELINE)
+    config.write_text(PIPELINE.replace("DATA", str(small_sample.folder)))
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0, result.output
     return root, wd, config, _json(result)

@@ -20,11 +20,12 @@ def _json(result):
 
 
 @pytest.fixture(scope="module")
-def trained(embedded_workdir, tmp_path_factory):
-    """Two workdirs sharing ingest/embed/quantize: random and centroid init, each with a short sft."""
+def trained(small_embedded, tmp_path_factory):
+    """Two workdirs sharing ingest/embed/quantize (the small sample: its 40 items): random and
+    centroid init, each with a short sft."""
     root = tmp_path_factory.mktemp("probe")
     base = root / "base"
-    shutil.copytree(embedded_workdir, base)
+    shutil.copytree(small_embedded, base)
     # text-only SIDs (--collab 0): the category counts below come from the text embedding
     assert _run("quantize", "--levels", "2", "--codes", "16", "--collab", "0", "--workdir", base,
                 "--json").exit_code == 0
@@ -33,7 +34,9 @@ def trained(embedded_workdir, tmp_path_factory):
         wd = root / init
         shutil.copytree(base, wd)
         for args in (["init-vocab", "--model", "tiny", "--init", init],
-                     ["sft", "--max-steps", "4", "--batch-size", "16", "--max-history", "5", "--eval-every", "0"]):
+                     # one validation, at the end (an epoch here is one step): the model is the trained one
+                     ["sft", "--max-steps", "4", "--batch-size", "16", "--max-history", "5", "--eval-every", "0",
+                      "--evals-per-epoch", "0"]):
             result = _run(*args, "--workdir", wd, "--json")
             assert result.exit_code == 0, result.output
         dirs[init] = wd
@@ -48,7 +51,7 @@ def test_probe_writes_json_and_pictures_for_every_model_step(trained):
     assert out["status"] == "done"
     metrics = out["metrics"]
     assert [r["space"] for r in metrics["rows"]] == ["random", "semantic", "init-vocab", "sft"]
-    assert metrics["codes"] == 16 and metrics["categories"] == 12 and metrics["m"] == 3
+    assert metrics["codes"] == 16 and metrics["categories"] == 10 and metrics["m"] == 3  # of the items users reached
     on_disk = json.loads((wd / "probe" / "probe.json").read_text())
     assert on_disk == metrics
     rows = {r["space"]: r for r in metrics["rows"]}

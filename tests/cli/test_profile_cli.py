@@ -1,4 +1,4 @@
-"""gencli profile end to end: ingest -> embed (shared) -> quantize -> init-vocab tiny -> profile, as a workspace step."""
+"""gencli profile end to end: ingest -> embed (the small sample, shared) -> quantize -> init-vocab tiny -> profile, as a workspace step."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ def _run(workdir, *args, json_mode=True):
 
 
 @pytest.fixture(scope="module")
-def tiny_workdir(embedded_workdir, tmp_path_factory):
+def tiny_workdir(small_embedded, tmp_path_factory):
     wd = tmp_path_factory.mktemp("profile") / "work"
-    shutil.copytree(embedded_workdir, wd)
-    for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"]):
+    shutil.copytree(small_embedded, wd)
+    for args in (["quantize", "--levels", "2", "--codes", "8"], ["init-vocab", "--model", "tiny"]):
         r, _ = _run(wd, *args)
         assert r.exit_code == 0, r.output
     return wd

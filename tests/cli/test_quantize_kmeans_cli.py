@@ -1,4 +1,4 @@
-"""gencli quantize --kmeans minibatch through the real CLI on the embedded sample data."""
+"""gencli quantize --kmeans minibatch through the real CLI on the embedded small sample."""
 
 from __future__ import annotations
 
@@ -21,17 +21,17 @@ def _run(workdir, *args):
     return result, (json.loads(lines[-1]) if lines else {})
 
 
-def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(embedded_workdir, tmp_path):
+def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(small_embedded, tmp_path):
     wd = tmp_path / "work"
-    shutil.copytree(embedded_workdir, wd)
-    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16", "--kmeans", "minibatch", "--minibatch-size", "256",
+    shutil.copytree(small_embedded, wd)
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "4", "--kmeans", "minibatch", "--minibatch-size", "16",
                 "--minibatch-steps", "5")
     assert r.exit_code == 0, r.output
     metrics = p["metrics"]
     assert metrics["kmeans"] == "minibatch" and [lv["iterations"] for lv in metrics["per_level"]] == [5, 5]
     assert metrics["peak_rss_mib"] > 0
     params = json.loads((wd / "quantize" / "step.json").read_text())["params"]
-    assert (params["kmeans"], params["minibatch_size"], params["minibatch_steps"]) == ("minibatch", 256, 5)
+    assert (params["kmeans"], params["minibatch_size"], params["minibatch_steps"]) == ("minibatch", 16, 5)
     # every item's codes are the nearest centroids of the written codebooks, level by level, for the vectors
     # quantized: the text embedding blended with the train split's collaborative vectors (default --collab)
     train = tables.load_split(wd / "ingest", "train")["sequence"].to_list()
@@ -40,8 +40,8 @@ def test_quantize_minibatch_records_its_mode_and_gives_exact_assignments(embedde
     x = blend(text, collab, params["collab"])  # items in no training pair get their text neighbours' part
     codes = store.load_item_codes(wd / "quantize")
     assert np.array_equal(quantize.assign(x, store.load_codebook_list(wd / "quantize")).numpy(), codes[:, :2])
-    # auto on the 891 sample items is full mode
-    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "16", "--force")
+    # auto on the 40 small-sample items is full mode
+    r, p = _run(wd, "quantize", "--levels", "2", "--codes", "4", "--force")
     assert r.exit_code == 0 and p["metrics"]["kmeans"] == "full"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -37,10 +36,11 @@ def _model_id(workdir, step="sft"):
 
 
 @pytest.fixture(scope="module")
-def trained(embedded_workdir, tmp_path_factory):
+def trained(small_sample, tmp_path_factory):
+    """The small sample (40 items, 51 users): every-user commands stay quick."""
     wd = tmp_path_factory.mktemp("recommend") / "work"
-    shutil.copytree(embedded_workdir, wd)
-    for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"],
+    for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "8"],
+                 ["init-vocab", "--model", "tiny"],
                  ["sft", "--max-steps", "8", "--batch-size", "16", "--max-history", "5", "--eval-users", "10",
                   "--eval-beams", "5"],
                  ["eval", "--beams", "20", "--k", "10", "--max-users", "8"]):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,14 +11,15 @@ from click.testing import CliRunner
 from gencli.cli import cli
 from gencli.steps import STEPS, step_order
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
 STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval", "profile"]
 
 PIPELINE = f"""
 steps = {json.dumps(STEPS_RUN)}
 [ingest]
-items = "{SAMPLE / 'items.csv'}"
-interactions = "{SAMPLE / 'interactions.csv'}"
+items = "DATA/items.csv"
+interactions = "DATA/interactions.csv"
+user-core = 3
+item-core = 0
 [quantize]
 codes = 8
 [cpt]
@@ -47,14 +47,15 @@ warmup-steps = 0
 
 
 @pytest.fixture(scope="module")
-def workdir(embedded_workdir, tmp_path_factory):
+def workdir(small_sample, small_embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("status")
     wd = root / "work"
-    shutil.copytree(embedded_workdir, wd)
+    shutil.copytree(small_embedded, wd)  # ingest and embed are up to date
     config = root / "pipeline.toml"
-    config.write_text(PIPELINE)
+    config.write_text(PIPELINE.replace("DATA", str(small_sample.folder)))
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0, result.output
+    assert [s["status"] for s in json.loads(result.stdout)["steps"][:2]] == ["up-to-date"] * 2, result.output
     return wd
 
 

@@ -22,11 +22,11 @@ def _step(runner: str) -> Step:
     return Step("probe", "probe", "probe", "ProbeConfig", runner, ("ingest",))
 
 
-def test_a_step_that_reads_an_undeclared_input_fails_and_commits_nothing(embedded_workdir, tmp_path):
+def test_a_step_that_reads_an_undeclared_input_fails_and_commits_nothing(small_embedded, tmp_path):
     import shutil
 
     wd = tmp_path / "work"
-    shutil.copytree(embedded_workdir, wd)
+    shutil.copytree(small_embedded, wd)
     with pytest.raises(UndeclaredInput, match="'embed'.*declares ingest"):
         execute(_step("factories:read_undeclared"), ProbeConfig(), wd)
     ws = Workspace(wd)
@@ -34,11 +34,11 @@ def test_a_step_that_reads_an_undeclared_input_fails_and_commits_nothing(embedde
     assert ws.manifest.get("probe")["last_failure"]["error"].startswith("UndeclaredInput")
 
 
-def test_declared_inputs_are_handed_over_and_the_step_is_up_to_date_on_rerun(embedded_workdir, tmp_path):
+def test_declared_inputs_are_handed_over_and_the_step_is_up_to_date_on_rerun(small_embedded, tmp_path):
     import shutil
 
     wd = tmp_path / "work"
-    shutil.copytree(embedded_workdir, wd)
+    shutil.copytree(small_embedded, wd)
     first = execute(_step("factories:count_items"), ProbeConfig(m=3), wd)
     n = Workspace(wd).step_record("ingest")["metrics"]["items"]
     assert (first.status, first.metrics) == ("done", {"items": n})
