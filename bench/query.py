@@ -9,7 +9,8 @@
 and the fastest; ``--part threads`` loads the bundle once and, per load level (``--load N``: N busy-loop processes
 started for the measurement and killed after it), times ``--calls`` single ``recommend(history, k=10)`` calls per
 thread count (``--threads``; the counts take turns in rounds of 10 calls, after 3 warm-up calls) and
-``recommend_batch`` of 32 histories, and reports p50/p95. Results go to bench/.cache/query.json.
+``recommend_batch`` of 32 histories, and reports p50/p95/fastest, with the cores other jobs on the machine kept busy
+meanwhile (Linux). Results go to bench/.cache/query.json.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def _cli(bundle: Path, workdir: Path | None, runs: int, history: str) -> dict:
             for name, t in times.items()}
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds every process has used so far (Linux /proc/stat; 0 elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def _busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -65,13 +76,16 @@ def _latencies(rec, histories: list[list[str]], threads: list[int], calls: int) 
                 t0 = time.perf_counter()
                 rec.recommend(h, k=10)
                 single[t].append(time.perf_counter() - t0)
+            start = r * 32 % len(histories)
+            group = (histories + histories)[start:start + 32]
             t0 = time.perf_counter()
-            rec.recommend_batch(histories[r * 32 % len(histories):][:32], k=10)
+            rec.recommend_batch(group, k=10)
             batch[t].append(time.perf_counter() - t0)
 
     def pct(values: list[float]) -> dict:
         p50, p95 = np.percentile(np.array(values) * 1000, [50, 95])
-        return {"p50_ms": round(float(p50), 1), "p95_ms": round(float(p95), 1), "n": len(values)}
+        return {"p50_ms": round(float(p50), 1), "p95_ms": round(float(p95), 1), "min_ms": round(min(values) * 1000, 1),
+                "n": len(values)}
 
     return {str(t): {"one": pct(single[t]), "batch32": pct(batch[t])} for t in threads}
 
@@ -89,6 +103,7 @@ def _threads(bundle: Path, threads: list[int], loads: list[int], calls: int) -> 
     histories = [[rec.item_ids[i] for i in users[1][int(r)]] for r in rows]
     out = {}
     for load in loads:
+        mine, everyone, wall = sum(os.times()[:4]), _cpu_seconds(), time.perf_counter()
         procs = _busy(load)
         try:
             time.sleep(1.0 if load else 0.0)
@@ -99,6 +114,9 @@ def _threads(bundle: Path, threads: list[int], loads: list[int], calls: int) -> 
             for p in procs:
                 p.kill()
                 p.wait()
+        # cores the machine's other jobs kept busy meanwhile: all CPU time less this process's and its busy loops'
+        others = (_cpu_seconds() - everyone) - (sum(os.times()[:4]) - mine)
+        out[str(load)]["other_jobs_cores"] = round(max(others, 0.0) / (time.perf_counter() - wall), 2)
     return out
 
 
@@ -123,12 +141,13 @@ def main() -> None:
         threads = [int(t) for t in args.threads.split(",")]
         loads = [int(n) for n in args.load.split(",")]
         result["threads"] = _threads(args.bundle, threads, loads, args.calls)
-        print("\n| load (busy loops) | threads | one call p50 ms | p95 ms | batch of 32 p50 ms | p95 ms |")
-        print("|---|---|---|---|---|---|")
+        print("\n| busy loops (loadavg before; other jobs) | threads | one call p50 / p95 / min ms | batch of 32 p50 / p95 / min ms |")
+        print("|---|---|---|---|")
         for load, level in result["threads"].items():
             for t, r in level["threads"].items():
-                print(f"| {load} (loadavg {level['loadavg_1min_at_start']}) | {t} | {r['one']['p50_ms']} | "
-                      f"{r['one']['p95_ms']} | {r['batch32']['p50_ms']} | {r['batch32']['p95_ms']} |")
+                one, batch = r["one"], r["batch32"]
+                print(f"| {load} ({level['loadavg_1min_at_start']}; others {level['other_jobs_cores']} cores) | {t} | {one['p50_ms']} / {one['p95_ms']} / "
+                      f"{one['min_ms']} | {batch['p50_ms']} / {batch['p95_ms']} / {batch['min_ms']} |")
     write_json_atomic(CACHE / "query.json", result)
 
 
