@@ -14,18 +14,16 @@ SAMPLE = ROOT / "sample_data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One CPU thread for torch here and in every process a test starts: tiny models gain nothing from a second thread,
-# and on a shared 2-core box a thread waiting for a busy core stalls every op (the suite ran 2-10x slower).
-os.environ["OMP_NUM_THREADS"] = "1"
 # The caller's environment changes no result: no GENCLI_* variable reaches the session's fixtures or a test but the
 # suite's own (tests that read progress lines remove it), nor a terminal size (tables fit COLUMNS when it is set;
-# pytest-xdist's workers set COLUMNS=80). Tests that need one set it.
+# pytest-xdist's workers set COLUMNS=80), nor a thread count for the processes tests start (they get torch's
+# default, as a user's do, unless the test sets one). Tests that need one set it.
 SUITE_ENV = {"GENCLI_NO_PROGRESS": "1"}
-TERMINAL = ("COLUMNS", "LINES")
+CALLER = ("COLUMNS", "LINES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def _caller_env() -> list[str]:
-    return [n for n in os.environ if n.startswith("GENCLI_") or n in TERMINAL]
+    return [n for n in os.environ if n.startswith("GENCLI_") or n in CALLER]
 
 
 for _name in _caller_env():
@@ -33,18 +31,35 @@ for _name in _caller_env():
 os.environ.update(SUITE_ENV)
 
 
+def _one_torch_thread() -> None:
+    """One torch thread in this process: tiny models gain nothing from a second, and on a shared 2-core machine a
+    thread waiting for a busy core stalls every op (the suite took 2-10x longer)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_thread():
+    """Before the session's fixtures train anything (set up ahead of the first test's own fixtures)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch):
-    """Each test starts with no GENCLI_* variable but the suite's own, no terminal size and one torch thread, whatever
-    an earlier test left (``--threads`` exports GENCLI_THREADS for the steps ``gencli run`` calls in-process and sets
-    torch's threads)."""
+    """Each test starts with no GENCLI_* variable but the suite's own, no terminal size or thread variable, and one
+    torch thread in this process, whatever an earlier test left (``--threads`` exports GENCLI_THREADS for the steps
+    ``gencli run`` calls in-process and sets torch's threads); the thread count is put back after it too, for the
+    next module's fixtures."""
     for name in _caller_env():
         monkeypatch.delenv(name)
     for name, value in SUITE_ENV.items():
         monkeypatch.setenv(name, value)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    _one_torch_thread()
+    yield
+    _one_torch_thread()
 
 
 @pytest.fixture
