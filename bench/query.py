@@ -6,7 +6,7 @@
     python bench/query.py --bundle shop-model --part threads --load 0,2 --threads 1,2,4
 
 ``--part cli`` runs each command ``--runs`` times as a fresh process (the commands alternate) and reports the median
-and the fastest; ``--part threads`` loads the bundle once and, per load level (``--load N``: N busy-loop processes
+and the fastest wall time and the median CPU time (user + system: about the wall time on an idle core); ``--part threads`` loads the bundle once and, per load level (``--load N``: N busy-loop processes
 started for the measurement and killed after it), times ``--calls`` single ``recommend(history, k=10)`` calls per
 thread count (``--threads``; the counts take turns in rounds of 10 calls, after 3 warm-up calls) and
 ``recommend_batch`` of 32 histories, and reports p50/p95/fastest, with the cores other jobs on the machine kept busy
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,14 +36,18 @@ def _cli(bundle: Path, workdir: Path | None, runs: int, history: str) -> dict:
     if workdir is not None:
         commands["workdir"] = ["--workdir", str(workdir)]
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
         for name, where in commands.items():
             argv = [sys.executable, "-m", "gencli", "recommend", *where, "--history", history, "--k", "5", "--json"]
-            t0 = time.perf_counter()
+            before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
             subprocess.run(argv, check=True, capture_output=True)
             times[name].append(time.perf_counter() - t0)
-    return {name: {"median_s": round(statistics.median(t), 2), "min_s": round(min(t), 2), "runs": len(t)}
-            for name, t in times.items()}
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return {name: {"median_s": round(statistics.median(t), 2), "min_s": round(min(t), 2),
+                   "cpu_median_s": round(statistics.median(cpu[name]), 2), "runs": len(t),
+                   "loadavg": round(os.getloadavg()[0], 2)} for name, t in times.items()}
 
 
 def _cpu_seconds() -> float:
@@ -136,7 +141,8 @@ def main() -> None:
         result["cli"] = _cli(args.bundle, args.workdir, args.runs, args.history)
         for name, r in result["cli"].items():
             print(f"gencli recommend --{name} ... --history {args.history} --k 5: median {r['median_s']} s, "
-                  f"fastest {r['min_s']} s ({r['runs']} runs)")
+                  f"fastest {r['min_s']} s, CPU (user + sys) {r['cpu_median_s']} s ({r['runs']} runs; loadavg "
+                  f"{r['loadavg']})")
     if args.part in ("threads", "both"):
         threads = [int(t) for t in args.threads.split(",")]
         loads = [int(n) for n in args.load.split(",")]

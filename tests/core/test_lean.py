@@ -177,3 +177,14 @@ def test_non_finite_weights_are_refused_as_transformers_model_is(tmp_path):
         lean.load_decoder(folder, torch.device("cpu"), torch.float32)
     with pytest.raises(ArtifactError, match=r"non-finite weights: 1 tensor\(s\).*model.layers.1.mlp.up_proj.weight"):
         load_model(folder, "cpu", torch.float32)
+
+
+def test_transformers_model_must_be_the_weights_it_answered_with(tmp_path):
+    from gencli.errors import ArtifactError
+
+    folder = saved(tmp_path, "qwen3")
+    mine = lean.load(folder, torch.device("cpu"), torch.float32)
+    saved(tmp_path, "qwen3", seed=4)  # the folder replaced (export --force) while the model was loaded
+    with pytest.raises(ArtifactError, match="changed since its model was loaded"):
+        constrained_beam_search(mine, [[5, 6, 7]], SidTrie(catalog()), beams=4, top_k=4,
+                                prune=StampConfig(sap=True, layer=1, keep_ratio=0.5, recent_window=1))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gencli.errors import ArtifactError
 from gencli.fileio import parse_json
 
 WEIGHTS = "model.safetensors"
@@ -293,7 +294,7 @@ class LeanCausalLM(nn.Module):
     """A Qwen3/Qwen2/Llama causal LM for gencli's beam search: the prefill of left-padded prompts into a
     :class:`Cache`, and decode steps on a :class:`~gencli.core.infer.shared_kv.SharedPrompt`."""
 
-    def __init__(self, config: LeanConfig, source: Path | None = None):
+    def __init__(self, config: LeanConfig, source: Path):
         super().__init__()
         self.config = config
         self.model = Decoder(config)
@@ -326,14 +327,17 @@ class LeanCausalLM(nn.Module):
         return Output(self.lm_head(hidden[:, slice(-logits_to_keep, None), :]))
 
     def hf(self):
-        """The transformers model of the same folder (loaded once, on first need): for what this one does not do."""
+        """The transformers model of the same folder (loaded once, on first need): for what this one does not do.
+        ArtifactError when the folder no longer holds these weights (replaced since)."""
         with self._hf_lock:
             if self._hf is None:
                 from gencli.core.lm.backbone import load_model
 
-                if self.source is None:
-                    raise RuntimeError("this lean model has no source folder to load transformers' model from")
-                self._hf = load_model(self.source, self.lm_head.weight.device, self.lm_head.weight.dtype)[0]
+                model = load_model(self.source, self.lm_head.weight.device, self.lm_head.weight.dtype)[0]
+                theirs = dict(model.named_parameters())
+                if any(not torch.equal(p, theirs.get(n, p.new_empty(0))) for n, p in self.named_parameters()):
+                    raise ArtifactError(f"{self.source} changed since its model was loaded; load it again")
+                self._hf = model
             return self._hf
 
 
