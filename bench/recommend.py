@@ -35,7 +35,7 @@ def _throughput(workdir, k: int, beams: int, batch_size: int, repeats: int) -> d
 
     from gencli.config import RecommendConfig
     from gencli.core.infer.workdir import recommender
-    from gencli.flow.release import recommend_inputs
+    from gencli.flow.export import recommend_inputs
     from gencli.workspace import Workspace
 
     cfg = RecommendConfig(k=k, beams=beams, batch_size=batch_size, device="cpu", model_step="sft")

@@ -42,7 +42,13 @@ class ConfigError(InputError):
 
 
 class ArtifactError(InputError):
-    """An upstream artifact is missing, half-written or corrupt."""
+    """An upstream artifact is missing, half-written or corrupt. ``damaged``: the folder that must be written again;
+    the workspace adds the command that does it (:func:`gencli.workspace.repair.add_fix`)."""
+
+    def __init__(self, message: str, damaged: Path | None = None):
+        super().__init__(message)
+        self.damaged = damaged
+        self.fixed = False
 
 
 class LockedError(GencliError):

@@ -1,16 +1,18 @@
-"""The one step registry: every command, each step's config and inputs (declared once), who runs it, what ``status`` shows.
+"""The one step registry: every command and every fact about a step, in one row each.
 
-A :class:`Step` names its config class, the upstream artifacts it reads, how it picks a model step, and the core
-function that does the work (``run(cfg, inputs, out, progress) -> metrics``). The workspace executor
-(:mod:`gencli.workspace.executor`) resolves exactly those inputs and hands them to that function; the CLI builds its
-command table and options from here; ``gencli run`` turns TOML tables into the same configs. Adding a step is one
-:class:`Step` line here, its core ``run_step`` and a command module. Nothing heavy is imported: ``gencli --help``
-reads this table.
+A :class:`Step` names its config class, the upstream artifacts it reads, how it picks a model step, the core
+function that does the work (``run(cfg, inputs, out, progress) -> metrics``), and what the rest of gencli needs to
+know about it (torchrun, ``gencli run`` overrides, promotion, status). Every list of steps elsewhere is derived from
+these rows. This module is the bottom of the step graph: it imports nothing of gencli, and names configs, runners
+and commands by string; the layer that may import them binds them (:func:`gencli.config.config_class`,
+:func:`gencli.workspace.executor.runner`, :mod:`gencli.cli`). Adding a step is one row here, its config class and
+its core ``run_step``; a row without a command module gets a command generated from its config.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,14 +22,16 @@ class Step:
     """A command; a workspace step when ``runner`` is set (it writes ``WORKDIR/<name>/step.json``)."""
 
     name: str
-    module: str
-    """Module under ``gencli.cli`` holding the click command."""
-    function: str
+    module: str = ""
+    """Module under ``gencli.cli`` holding the click command; empty: a command generated from ``config`` and ``help``."""
+    function: str = ""
     """The click command's name in that module."""
-    config: str = ""
-    """Its config class in :mod:`gencli.config` (what its options, ``gencli run`` tables and ``step.json`` hold)."""
-    runner: str = ""
-    """``module:function`` of the core's ``run(cfg, inputs, out, progress) -> metrics``; empty for plain commands."""
+    config: str | type = ""
+    """Its config class: a name in :mod:`gencli.config`, ``module:Class`` or the class (what its options, ``gencli run``
+    tables and ``step.json`` hold)."""
+    runner: str | Callable = ""
+    """``module:function`` (or the function) of the core's ``run(cfg, inputs, out, progress) -> metrics``; empty for
+    plain commands."""
     inputs: tuple[str, ...] = ()
     """Steps whose outputs it always reads; ``step/artifact`` names one file of a step (stale only when it changes)."""
     model: str = ""
@@ -61,18 +65,28 @@ class Step:
     """A flag that turns several boolean fields on (``--stamp``: ``sap`` and ``map``)."""
     fixed: dict[str, Any] = field(default_factory=dict)
     """Config fields this step sets itself (cpt and sft share TrainConfig with ``task`` telling them apart)."""
+    distributed: bool = False
+    """Runs under torchrun (every rank runs it); any other command refuses torchrun before doing anything."""
+    serving: bool = False
+    """Writes what users are served: ``gencli run --promote`` runs it after promotion, on the promoted model."""
+    overrides: tuple[str, ...] = ()
+    """The ``gencli run`` options (``init``, ``model``, ``seed``) that set this step's field of the same name."""
+    trains_tokens: bool = False
+    """Trains on token sequences (cpt, sft): STAMP's MAP and SAP-while-training options are its options."""
+    retrain: tuple[str, ...] = ()
+    """The metrics ``gencli run --previous`` reports for this step (what was reused from the previous run)."""
+    help: str = ""
+    """The help of a generated command (a row without ``module``); its first line is the summary."""
 
     @property
     def recorded(self) -> bool:
         """Runs through the workspace and leaves a step folder (False for run, status, models, export, serve)."""
         return bool(self.runner)
 
-    def config_class(self) -> type:
-        return getattr(importlib.import_module("gencli.config"), self.config)
-
-    def run_function(self):
-        module, _, function = self.runner.partition(":")
-        return getattr(importlib.import_module(module), function)
+    @property
+    def seeded(self) -> bool:
+        """Its results depend on a seed that ``gencli run --seed`` sets."""
+        return "seed" in self.overrides
 
 
 def _cmd(name: str, module: str, function: str) -> Step:
@@ -94,36 +108,38 @@ REGISTRY: tuple[Step, ...] = (
     # embed reads the catalog alone: new interactions on known items leave it up to date.
     # It saves its vectors chunk by chunk into the staging folder: a killed run continues after the last chunk.
     Step("embed", "embed", "embed", "EmbedConfig", "gencli.core.sid.embed:run_step", ("ingest/items.parquet",),
-         external=_EXT + "embed", previous="reuse_from", resumable=True, key_metrics=("items", "dim", "model")),
+         external=_EXT + "embed", previous="reuse_from", resumable=True, distributed=True,
+         retrain=("items_encoded", "items_reused"), key_metrics=("items", "dim", "model")),
     Step("quantize", "quantize", "quantize", "QuantizeConfig", "gencli.core.sid.quantize:run_step",
          ("ingest", "embed"), external=_EXT + "quantize",
-         previous="codebooks_from", previous_sids=True,
+         previous="codebooks_from", previous_sids=True, overrides=("seed",),
          key_metrics=("n_unique_sids", "collision_rate", "max_group_size", "reconstruction_error")),
     Step("init-vocab", "init_vocab", "init_vocab", "InitVocabConfig", "gencli.core.lm.warm:run_step",
          ("ingest", "quantize"), external=_EXT + "init_vocab",
-         previous="warm_start", previous_sids=True, holds_model=True,
-         key_metrics=("method", "n_new_tokens", "new_rows_norm_mean")),
+         previous="warm_start", previous_sids=True, holds_model=True, overrides=("init", "model", "seed"),
+         retrain=("warm_start_from",), key_metrics=("method", "n_new_tokens", "new_rows_norm_mean")),
     Step("cpt", "train", "cpt", "TrainConfig", "gencli.core.train.cpt:run_step", ("ingest", "quantize", "init-vocab"),
-         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "cpt"},
-         key_metrics=("steps", "train_loss", "tokens_per_s")),
+         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "cpt"}, distributed=True,
+         overrides=("seed",), trains_tokens=True, key_metrics=("steps", "train_loss", "tokens_per_s")),
     Step("sft", "train", "sft", "TrainConfig", "gencli.core.train.sft:run_step", _DATA, model="start_from",
-         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "sft"},
-         key_metrics=("steps", "peak_step", "peak_recall@5", "blend.weight", "blend.prefix", "tokens_per_s")),
+         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "sft"}, distributed=True,
+         overrides=("seed",), trains_tokens=True, retrain=("started_from", "steps"), key_metrics=("steps", "peak_step", "peak_recall@5", "blend.weight", "blend.prefix", "tokens_per_s")),
     # rl refines sft's model on rollouts of the constrained search (a preference stage); only sft may start it
     Step("rl", "train", "rl", "TrainConfig", "gencli.core.train.rl:run_step", _DATA, model="start_from",
-         holds_model=True, refines="sft", resumable=True, fixed={"task": "rl", "start_from": "sft"},
-         key_metrics=("method", "steps", "start_ndcg@10", "peak_ndcg@10", "peak_step", "blend.weight")),
+         holds_model=True, refines="sft", resumable=True, fixed={"task": "rl", "start_from": "sft"}, distributed=True,
+         overrides=("seed",), retrain=("started_from", "steps", "peak_step"), key_metrics=("method", "steps", "start_ndcg@10", "peak_ndcg@10", "peak_step", "blend.weight")),
     Step("eval", "evaluate", "eval_cmd", "EvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
-         model="model_step", ranking=True, renames=_PRUNE,
+         model="model_step", ranking=True, renames=_PRUNE, distributed=True,
          key_metrics=_RANKING_KEYS + ("users", "model_step")),
     Step("cold-eval", "evaluate", "cold_eval", "ColdEvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
-         model="model_step", ranking=True, renames=_PRUNE,
+         model="model_step", ranking=True, renames=_PRUNE, distributed=True,
          key_metrics=_RANKING_KEYS + ("cohort_size", "model_step")),
     Step("profile", "profile", "profile", "ProfileConfig", "gencli.core.train.profile:run_step", ("ingest", "quantize"),
          model="model_step", optional=("sft",),  # sft's params shape the profiled steps
          key_metrics=("reference", "steps", "device")),
     Step("recommend", "recommend", "recommend", "RecommendConfig", "gencli.core.infer.workdir:run_step", _DATA,
-         model="model_step", renames=_PRUNE, key_metrics=("users", "k", "short_lists", "catalog_coverage")),
+         model="model_step", renames=_PRUNE, distributed=True, serving=True,
+         key_metrics=("users", "k", "short_lists", "catalog_coverage")),
     Step("probe", "probe", "probe", "ProbeConfig", "gencli.core.probe:run_step", ("ingest", "quantize"),
          model="every", key_metrics=("level", "used_codes", "categories", "untouched_share")),
     _cmd("export", "export", "export"),
@@ -133,6 +149,21 @@ REGISTRY: tuple[Step, ...] = (
     _cmd("models", "models", "models"),
 )
 STEPS: dict[str, Step] = {s.name: s for s in REGISTRY}
+
+
+@contextlib.contextmanager
+def added(step: Step, before: str = "export") -> Iterator[Step]:
+    """The registry with one more row (before ``before``) while the block runs: a step declared in one place, as a
+    new step's row would be, for tests. Every view below reads the registry when called."""
+    global REGISTRY, STEPS
+    saved = REGISTRY, STEPS
+    at = [s.name for s in REGISTRY].index(before)
+    REGISTRY = (*REGISTRY[:at], step, *REGISTRY[at:])
+    STEPS = {s.name: s for s in REGISTRY}
+    try:
+        yield step
+    finally:
+        REGISTRY, STEPS = saved
 
 
 def commands() -> dict[str, tuple[str, str]]:
@@ -167,6 +198,31 @@ def model_candidates(consumer: str) -> tuple[str, ...]:
 def wanted_model(step: Step, cfg: Any) -> str | None:
     """The model step a step's config asks for (``auto`` or a name), None when it reads none or every one."""
     return getattr(cfg, step.model) if step.model and step.model != "every" else None
+
+
+def distributed_steps() -> tuple[str, ...]:
+    """Steps that run under torchrun (every other command refuses it)."""
+    return tuple(s.name for s in REGISTRY if s.distributed)
+
+
+def serving_steps() -> tuple[str, ...]:
+    """Steps ``gencli run --promote`` defers until after promotion."""
+    return tuple(s.name for s in REGISTRY if s.serving)
+
+
+def overridden_by(option: str) -> tuple[str, ...]:
+    """Steps whose field ``option`` the ``gencli run --OPTION`` override sets (``seed``: every seeded step)."""
+    return tuple(s.name for s in REGISTRY if option in s.overrides)
+
+
+def token_training_steps() -> tuple[str, ...]:
+    """Steps that train on token sequences (STAMP's training options)."""
+    return tuple(s.name for s in REGISTRY if s.trains_tokens)
+
+
+def steps_with_config(config: str) -> tuple[str, ...]:
+    """Steps whose config is the class named ``config`` (TrainConfig: cpt, sft, rl)."""
+    return tuple(s.name for s in REGISTRY if s.config == config)
 
 
 def resumable(name: str) -> bool:

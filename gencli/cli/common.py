@@ -58,7 +58,9 @@ def message(error: BaseException, json_mode: bool, where: Path | str | None = No
     """(exit code, one clear message) of an error; a traceback only for a bug, and not under --json. ``where``: what
     the command writes (the workdir, an output file), named when a full disk does not say which file it was."""
     if isinstance(error, GencliError):
-        return error.exit_code, str(error)
+        from gencli.workspace.repair import add_fix
+
+        return error.exit_code, str(add_fix(error))
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted; finished steps are kept, rerun to continue"
     storage = storage_message(error, where)
@@ -119,16 +121,17 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
 
 
 def refuse_torchrun(command: str, json_mode: bool) -> None:
-    """Under torchrun, a command that runs in one process (every one but the steps in ``dist.STEPS``) stops before
+    """Under torchrun, a command that runs in one process (every one but the registry's distributed steps) stops before
     any work: rank 0 says so once with exit 2; the other ranks leave quietly (a rank failing first would make
     torchrun kill rank 0 before it printed why). A no-op outside torchrun and for the distributed steps."""
     from gencli.core import dist
+    from gencli.steps import distributed_steps
 
-    if not dist.launched() or command in dist.STEPS:
+    if not dist.launched() or command in distributed_steps():
         return
     if os.environ.get("RANK", "0") != "0":
         sys.exit(0)
-    fail(InputError(f"gencli {command} runs in one process; torchrun runs {', '.join(dist.STEPS)}: run "
+    fail(InputError(f"gencli {command} runs in one process; torchrun runs {', '.join(distributed_steps())}: run "
                     f"`gencli {command}` without torchrun"), json_mode)
 
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from gencli.cli.common import JSON_OPTION, fail, resolve_workdir, workdir_option
-from gencli.config import MODEL_STEP_CHOICES
-from gencli.config.model import SFT_MAX_HISTORY
+from gencli.config import MODEL_STEP_CHOICES, SFT_MAX_HISTORY
 
 
 @click.command("export")
@@ -35,7 +34,7 @@ def export(out_dir, model_step, max_history, users, force, workdir, json_mode):
       gencli recommend --bundle ./shop-model --history i0001,i0042 --k 5
       gencli recommend --bundle ./shop-model --output recs.parquet
     """
-    from gencli.flow.release import check_target, export_bundle
+    from gencli.flow.export import check_target, export_bundle
     from gencli.workspace import Workspace
     from gencli.workspace.executor import quiet_libraries
 

@@ -52,12 +52,12 @@ def make_option(f) -> Callable:
 def config_options(target: str | type) -> Callable:
     """Decorator: one option per field of a step's config (``target`` a step name; in field order), then its
     aliases (``--stamp``); or of a plain command's config class (``run``, ``serve``)."""
-    from gencli.config.fields import step_fields
+    from gencli.config.fields import config_class, step_fields
     from gencli.steps import STEPS
 
     if isinstance(target, str):
         entry = STEPS[target]
-        chosen = step_fields(entry.config_class(), target, entry.renames)
+        chosen = step_fields(config_class(entry), target, entry.renames)
         aliases = entry.aliases
     else:
         chosen, aliases = step_fields(target), {}

@@ -57,7 +57,7 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
     from gencli.flow.pipeline import run_plan
     from gencli.flow.plan import make_plan
     from gencli.ui.output import emit_json, print_error, print_step_result, print_warnings
-    from gencli.ui.progress import make_progress
+    from gencli.ui.progress import log_event, make_progress
 
     root = resolve_workdir(workdir)
     given = {name: value for name, value in options.items()
@@ -78,7 +78,7 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
         if result.metrics.get("warnings"):
             print_warnings(result.metrics["warnings"])
 
-    report = run_plan(plan, root, force, lambda: make_progress(json_mode), shown)
+    report = run_plan(plan, root, force, lambda: make_progress(json_mode), shown, log_event)
     if report.error is not None:
         if json_mode:
             emit_json(report.as_json())
@@ -105,13 +105,13 @@ def _print_results(root: Path, report) -> None:
     for i, (step, metrics) in enumerate(report.results.items()):
         c.print("")
         c.print(evaluation_table(step, metrics, str(root / step), legend=i == 0, detail=False))
-    from gencli.workspace import Workspace
-
-    if any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps) \
-            and Workspace(root).freshness("recommend") == "done":
+    if any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps):
+        from gencli.flow.query import examples
         from gencli.ui.recommendations import show_examples
 
-        show_examples(root)  # what the tool is for: a few users' history and their top 5
+        shown = examples(root)
+        if shown is not None:
+            show_examples(shown)  # what the tool is for: a few users' history and their top 5
     if "retrain" in report.extra:
         r = report.extra["retrain"]
         c.print(f"retrain from {r['previous']}: items kept {r.get('items_kept', '-')}, added "

@@ -15,7 +15,7 @@ EXTRA = "pip install 'gencli[serve]'"
 
 
 def _options(f):
-    from gencli.config.serve import ServeConfig
+    from gencli.config import ServeConfig
 
     f = config_options(ServeConfig)(f)
     return click.option("--bundle", required=True, type=click.Path(path_type=Path),
@@ -38,7 +38,7 @@ def serve(bundle, **options):
       gencli --threads 1 serve --bundle current
       gencli serve --bundle ./shop-model --port 0 --watch 0
     """
-    from gencli.config.serve import ServeConfig
+    from gencli.config import ServeConfig
 
     cfg = config(ServeConfig, False, options)
     missing = [name for name in ("uvicorn", "starlette") if not _importable(name)]

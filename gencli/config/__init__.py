@@ -10,20 +10,8 @@ in one go.
 from gencli.config.base import (
     DEVICES,
     DTYPES,
-    EMBED_BACKENDS,
-    EMBED_PRECISIONS,
-    EVAL_SPLITS,
-    INGEST_FORMATS,
-    INIT_METHODS,
     MODEL_STEP_CHOICES,
-    PROJECTIONS,
-    RL_METHODS,
-    SAP_SCORES,
-    SCHEDULES,
-    SFT_STARTS,
-    SPLITS,
-    TRAIN_TASKS,
-    TRAINING,
+    RANKINGS,
     Checks,
     device_option,
     dtype_option,
@@ -36,28 +24,38 @@ from gencli.config.base import (
 )
 from gencli.config.data import (
     DEFAULT_TEMPLATE,
+    EMBED_BACKENDS,
+    EMBED_PRECISIONS,
+    INGEST_FORMATS,
+    SPLITS,
     EmbedConfig,
     IngestConfig,
     QuantizeConfig,
 )
-from gencli.config.model import (
+from gencli.config.evaluate import EVAL_SPLITS, PROBE_CATEGORY_RULES, ColdEvalConfig, EvalConfig, ProbeConfig
+from gencli.config.fields import config_class
+from gencli.config.run import RunConfig
+from gencli.config.serving import RecommendConfig, ServeConfig
+from gencli.config.train import (
+    BATCH,
     EVAL_USERS,
     EVALS_PER_EPOCH,
+    INIT_METHODS,
     PATIENCE,
     PROFILE_VARIANTS,
+    PROJECTIONS,
+    RL_METHODS,
+    SAP_SCORES,
+    SCHEDULES,
     SFT_MAX_EPOCHS,
+    SFT_MAX_HISTORY,
+    SFT_STARTS,
+    TRAIN_TASKS,
+    TRAINING,
     InitVocabConfig,
     ProfileConfig,
     StampConfig,
     TrainConfig,
-)
-from gencli.config.serve import (
-    PROBE_CATEGORY_RULES,
-    ColdEvalConfig,
-    EvalConfig,
-    ProbeConfig,
-    RecommendConfig,
-    RunConfig,
 )
 
 __all__ = [
@@ -105,4 +103,9 @@ __all__ = [
     "ProbeConfig",
     "RecommendConfig",
     "RunConfig",
+    "ServeConfig",
+    "BATCH",
+    "SFT_MAX_HISTORY",
+    "RANKINGS",
+    "config_class",
 ]

@@ -6,25 +6,12 @@ import dataclasses
 from typing import Any
 
 from gencli.errors import ConfigError
-from gencli.steps import model_candidates, model_steps
+from gencli.steps import model_steps
 
-INGEST_FORMATS = ("generic", "movielens", "amazon")
-SPLITS = ("loo", "temporal")
-EVAL_SPLITS = ("test", "valid")
-INIT_METHODS = ("random", "mean", "centroid", "gti")
-PROJECTIONS = ("pca", "truncate", "isometric")
 DEVICES = ("auto", "cpu", "cuda")
-EMBED_BACKENDS = ("torch", "onnx", "openvino")  # embed --backend (onnx, openvino: optional extras)
-EMBED_PRECISIONS = ("float32", "int8", "float16")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SCHEDULES = ("cosine", "linear")
-SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
-SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
 MODEL_STEP_CHOICES = ("auto", *reversed(model_steps()))  # --model-step: auto, rl, sft, cpt, init-vocab
-SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
-TRAINING = ("cpt", "sft")  # the steps that train on tokens (STAMP's MAP and SAP-while-training options)
-TRAIN_TASKS = (*TRAINING, "rl")  # the steps of TrainConfig: rl trains on rollouts with a preference loss
-RL_METHODS = ("grpo", "dpo")  # rl --method (gencli.core.train.preference); the first is the default
+RANKINGS = ("auto", "model")  # the fitted blend of model and content, or the generative model alone
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -32,7 +19,8 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
     that have it), ``cli=False`` (not an option), ``path=True`` (a file or folder: a ``gencli run`` TOML gives it
     relative to the TOML), ``record=False`` (not a param of ``step.json``: an input file, hashed as an input) or
-    ``bounds=(low, high)`` (the range of a number, checked with every config: :func:`number_problems`)."""
+    ``bounds=(low, high)`` (the range of a number, checked with every config: :func:`number_problems`). A value
+    outside ``choices`` is a problem :meth:`Checks.done` names, unless ``check=False`` (the config checks it)."""
     return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
@@ -142,6 +130,11 @@ class Checks:
 
     def done(self) -> None:
         numbers = number_problems(self.cfg) if self.cfg is not None else {}
+        if self.cfg is not None:  # every field declared with choices holds one of them
+            for f in dataclasses.fields(self.cfg):
+                if "choices" in f.metadata and f.metadata.get("check", True):
+                    name = (f.metadata.get("option") or "--" + f.name.replace("_", "-")).partition("/")[0]
+                    self.choice(name[2:], getattr(self.cfg, f.name), tuple(f.metadata["choices"]))
         rest = [p for p in self.problems if p.split(" ", 1)[0] not in numbers]
         if numbers or rest:
             raise ConfigError(self.step, [*numbers.values(), *rest])

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gencli.config.base import (
-    DEVICES,
-    EMBED_BACKENDS,
-    EMBED_PRECISIONS,
-    INGEST_FORMATS,
-    SPLITS,
-    Checks,
-    device_option,
-    option,
-    seed_option,
-)
+from gencli.config.base import Checks, device_option, option, seed_option
+
+INGEST_FORMATS = ("generic", "movielens", "amazon")
+SPLITS = ("loo", "temporal")
+EMBED_BACKENDS = ("torch", "onnx", "openvino")  # embed --backend (onnx, openvino: optional extras)
+EMBED_PRECISIONS = ("float32", "int8", "float16")
 
 
 @dataclass(frozen=True)
@@ -43,8 +38,6 @@ class IngestConfig:
 
     def __post_init__(self) -> None:
         c = Checks("ingest", self)
-        c.choice("format", self.format, INGEST_FORMATS)
-        c.choice("split", self.split, SPLITS)
         c.positive("user-core", self.user_core, allow_zero=True)
         c.positive("item-core", self.item_core, allow_zero=True)
         c.positive("max-history", self.max_history, allow_zero=True)
@@ -92,9 +85,6 @@ class EmbedConfig:
         c.positive("batch-size", self.batch_size)
         c.positive("chunk-size", self.chunk_size)
         c.positive("dim", self.dim, allow_zero=True)
-        c.choice("device", self.device, DEVICES)
-        c.choice("backend", self.backend, EMBED_BACKENDS)
-        c.choice("precision", self.precision, EMBED_PRECISIONS)
         c.require(self.backend == "torch" or self.device != "cuda",
                   f"--backend {self.backend} runs on the CPU; use --device cpu (or --backend torch on cuda)")
         c.require(self.precision != "float16" or (self.backend == "torch" and self.device != "cpu"),
@@ -161,11 +151,8 @@ class QuantizeConfig:
         c.require(all(k >= 2 for k in self.codes), f"every codebook size must be >= 2 (got {list(self.codes)})")
         c.positive("max-iter", self.max_iter)
         c.positive("batch-size", self.batch_size)
-        c.choice("kmeans", self.kmeans, KMEANS_MODES)
         c.positive("minibatch-size", self.minibatch_size)
         c.positive("minibatch-steps", self.minibatch_steps)
         c.require(0 <= self.collab < 1, f"--collab must be in [0, 1) (got {self.collab!r})")
         c.positive("collab-dim", self.collab_dim)
-        c.choice("cold-collab", self.cold_collab, COLD_COLLAB)
-        c.choice("device", self.device, DEVICES)
         c.done()

@@ -8,6 +8,7 @@ A nested config's fields are options of their own (``stamp.sap`` is ``--sap``, o
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import shlex
 import typing
 from typing import Any
@@ -87,6 +88,14 @@ def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
     return make(cls, ())
 
 
+def config_class(entry: Any) -> type:
+    """A registry row's config class: the class itself, ``module:Class``, or a class name in :mod:`gencli.config`."""
+    if isinstance(entry.config, type):
+        return entry.config
+    module, _, name = entry.config.rpartition(":")
+    return getattr(importlib.import_module(module or "gencli.config"), name)
+
+
 def build_step(step: str, values: dict[str, Any]) -> Any:
     """A step's config from option values keyed by field name (a nested field by its own name, as click names
     them) and alias flags (``stamp``: true turns its fields on), with the registry's fixed fields (``task``)."""
@@ -97,7 +106,7 @@ def build_step(step: str, values: dict[str, Any]) -> Any:
     for alias, fields in entry.aliases.items():
         if named.pop(alias, False):
             named.update(dict.fromkeys(fields, True))
-    cls = entry.config_class()
+    cls = config_class(entry)
     by_path = {f.path: named[f.name] for f in step_fields(cls, step, entry.renames) if f.name in named}
     return build(cls, {**by_path, **{(k,): v for k, v in entry.fixed.items()}})
 

@@ -18,8 +18,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-STEPS = ("embed", "cpt", "sft", "rl", "eval", "cold-eval", "recommend")
-"""The steps that run under torchrun; the others are single-process and refuse it."""
 TIMEOUT_MINUTES = 60  # a rank waits this long for the others (rank 0's validation or checkpoint) before failing
 
 

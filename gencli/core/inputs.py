@@ -119,7 +119,7 @@ def model_files(folder: Path, step: str) -> tuple[Path, Path]:
 def trained_history(step: str, record: dict[str, Any]) -> int:
     """The prompt length a model step trained with: sft's ``max_history`` option, the one rl recorded (sft's), the
     sft default for a model that sft has not trained."""
-    from gencli.config.model import SFT_MAX_HISTORY
+    from gencli.config import SFT_MAX_HISTORY
 
     if step == "sft":
         return int(record.get("params", {}).get("max_history", SFT_MAX_HISTORY))

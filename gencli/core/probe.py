@@ -26,6 +26,8 @@ from gencli.fileio import parse_json
 PROBE_JSON = "probe.json"
 QS = (1, 3, 5)
 
+BASELINE_SPACES = ("random", "semantic")  # probe.json rows before the model steps' (a random subspace, the codebook)
+
 
 # ---- labels and targets per code --------------------------------------------------------------
 def item_category(value: str | None, rule: str) -> str | None:
@@ -226,9 +228,9 @@ def run(cfg: ProbeConfig, models: Mapping[str, tuple[Path, Sequence[Sequence[int
         "purity_max": max_purity([cats[c] for c in labelled], m),
         "untouched_tokens": untouched, "untouched_share": untouched / k, "note": note,
     }
-    rows = [{"space": "random", **random_row(len(used), len(labelled) if n_cats > 1 else 0, qs),
+    rows = [{"space": BASELINE_SPACES[0], **random_row(len(used), len(labelled) if n_cats > 1 else 0, qs),
              "purity": random_purity([cats[c] for c in labelled])},
-            {"space": "semantic", **probe_space(codebooks[level], used, labelled, cats, counts, m, qs)}]
+            {"space": BASELINE_SPACES[1], **probe_space(codebooks[level], used, labelled, cats, counts, m, qs)}]
     spaces = {"semantic": np.asarray(codebooks[level], np.float64)}
     first = None
     with progress.track("probing model steps", total=len(models)) as advance:
@@ -280,7 +282,8 @@ def compare(a: dict[str, Any], b: dict[str, Any], step: str = "auto") -> dict[st
                          + "; rerun `gencli probe` in both with the same --level, --m and --category-rule")
     rows_a = {r["space"]: r for r in a["rows"]}
     rows_b = {r["space"]: r for r in b["rows"]}
-    common = [s for s in ("rl", "sft", "cpt", "init-vocab") if s in rows_a and s in rows_b]
+    # the model steps' rows follow the two baselines in pipeline order: the most trained comes last
+    common = [s for s in reversed(rows_a) if s not in BASELINE_SPACES and s in rows_b]
     if step == "auto":
         if not common:
             raise InputError("the two probes share no model step (init-vocab, cpt, sft, rl); probe trained workdirs")

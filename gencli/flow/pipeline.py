@@ -16,7 +16,6 @@ from typing import Any
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED, storage_message
 from gencli.flow.plan import Plan
 
-SERVING_STEPS = ("recommend",)
 """Steps whose output batch consumers take as what serves: with --promote they run after a promotion, and not at
 all when the run is not promoted."""
 
@@ -53,19 +52,21 @@ class Report:
 
 
 def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[[], Any] | None = None,
-             on_step: Callable[[str, Any], None] | None = None) -> Report:
-    """Run every step of ``plan`` in ``workdir``; ``on_step(name, outcome or error)`` after each, for display."""
+             on_step: Callable[[str, Any], None] | None = None,
+             log_event: Callable[[str], None] = lambda line: None) -> Report:
+    """Run every step of ``plan`` in ``workdir``; ``on_step(name, outcome or error)`` after each, for display;
+    ``log_event(line)`` at the start, between steps and at the end (the caller decides where lines go)."""
     from gencli.config.fields import command_line
-    from gencli.flow import release as retrain
-    from gencli.steps import STEPS
-    from gencli.ui.progress import log_event
+    from gencli.flow import promote as promotion
+    from gencli.flow import retrain
+    from gencli.steps import STEPS, serving_steps
     from gencli.workspace.executor import execute
 
     report = Report()
     started = time.time()
     promote = plan.run.promote
     names = [name for name, _ in plan.steps]
-    deferred = [s for s in names if s in SERVING_STEPS] if promote else []
+    deferred = [s for s in names if s in serving_steps()] if promote else []
     log_event(f"gencli run {plan.path}: started; workdir {workdir}; steps {', '.join(names)}"
               + (f"; previous {plan.previous}" if plan.previous else "") + (f"; promote {promote}" if promote else ""))
 
@@ -108,7 +109,7 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
             report.extra["retrain"] = retrain.retrain_report(workdir, plan.previous, plan.run.requantize)
         if promote:
             log_event(f"promotion: scoring this run's bundle against {promote}")
-            decision = retrain.promote(workdir, Path(promote), plan.run.promote_tolerance, plan.run.promote_users,
+            decision = promotion.promote(workdir, Path(promote), plan.run.promote_tolerance, plan.run.promote_users,
                                        plan.run.keep_bundles)
             report.extra["promotion"] = decision
             log_event(f"promotion: {'promoted' if decision['promoted'] else 'not promoted'}: {decision['reason']}")

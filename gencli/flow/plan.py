@@ -25,8 +25,6 @@ def run_keys() -> tuple[str, ...]:
     return tuple(f.names[0] for f in step_fields(RunConfig))
 
 
-OVERRIDES = {"init": ("init-vocab",), "model": ("init-vocab",), "seed": ("quantize", "init-vocab", "cpt", "sft", "rl")}
-"""``gencli run --init/--model/--seed``: the steps whose option of the same name each sets."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,12 @@ def parse_value(text: str) -> Any:
 
 def step_tables(toml: dict[str, Any], path: Path, overrides: dict[str, Any], sets: list[str]) -> dict[str, dict]:
     """Each listed step's table, with --init/--model/--seed and --set STEP.OPTION=VALUE applied."""
+    from gencli.steps import overridden_by
+
     tables = {s: dict(toml.get(s, {})) for s in toml["steps"]}
     for name, value in overrides.items():
         if value is not None:
-            for s in OVERRIDES[name]:
+            for s in overridden_by(name):
                 if s in tables:
                     tables[s][name] = value
     for item in sets:
@@ -95,12 +95,12 @@ def step_tables(toml: dict[str, Any], path: Path, overrides: dict[str, Any], set
 
 def step_config(step: str, table: dict[str, Any], base: Path) -> tuple[Any, list[str]]:
     """(the step's config or None, problems) from its table; keys and values checked like options."""
-    from gencli.config.fields import build_step, step_fields
+    from gencli.config.fields import build_step, config_class, step_fields
     from gencli.steps import STEPS
 
     entry = STEPS[step]
     by_key: dict[str, tuple[Any, bool]] = {}  # TOML key -> (option, whether the key is its on name)
-    for f in step_fields(entry.config_class(), step, entry.renames):
+    for f in step_fields(config_class(entry), step, entry.renames):
         on, off = f.names
         for key in {on, on.replace("-", "_"), f.name}:
             by_key[key] = (f, True)
@@ -186,7 +186,7 @@ def run_config(toml: dict[str, Any], given: dict[str, Any], base: Path):
 def make_plan(path: Path, workdir: Path, given: dict[str, Any], overrides: dict[str, Any] | None = None,
               sets: list[str] | tuple[str, ...] = ()) -> Plan:
     """The whole plan for ``workdir``, or one InputError listing every problem of every step."""
-    from gencli.flow.release import apply_previous, pin_previous, resolve_previous
+    from gencli.flow.retrain import apply_previous, pin_previous, resolve_previous
 
     toml = load_toml(path)
     base = path.resolve().parent

@@ -222,7 +222,7 @@ def _open(cfg, ws, query: Query, queries):
         import polars as pl
 
         from gencli.core.infer import workdir
-        from gencli.flow.release import recommend_inputs
+        from gencli.flow.export import recommend_inputs
 
         inputs = recommend_inputs(ws)
         item_ids = inputs.items()["item_id"].cast(pl.String).to_list()
@@ -299,3 +299,40 @@ def _write(path: Path, lines: list[str], frame: pl.DataFrame) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class Examples:
+    """A few users' lists from the recommend step's file, for display after ``gencli run``."""
+
+    file: str
+    """The file, relative to the workdir (``recommend/recommendations.parquet``)."""
+    k: int
+    """Items per user in the file."""
+    users: list[dict[str, Any]]
+    """Per user: ``user_id``, ``history`` (titles, oldest first), ``items`` (item_id, title, score; best first)."""
+
+
+def examples(workdir: Path, n_users: int = 3, top: int = 5) -> Examples | None:
+    """``n_users`` users spread over the workdir's users (first, middle, last) with their ``top`` items; None when
+    the recommend step's lists are not up to date."""
+    import numpy as np
+    import polars as pl
+
+    from gencli.core.infer import workdir as rec_workdir
+    from gencli.flow.export import recommend_inputs
+    from gencli.workspace import Workspace
+
+    ws = Workspace(workdir)
+    if ws.freshness("recommend") != "done":
+        return None
+    path = ws.step_dir("recommend") / rec_workdir.RECOMMENDATIONS
+    frame = pl.read_parquet(path)
+    inputs = recommend_inputs(ws)
+    titles = inputs.items()["title"].cast(pl.String).to_list()
+    user_ids, histories = rec_workdir.histories(inputs)
+    picks = np.linspace(0, len(user_ids) - 1, num=min(n_users, len(user_ids))).astype(int).tolist()
+    users = []
+    for i in dict.fromkeys(picks):
+        rows = frame.filter((pl.col("user_id") == user_ids[i]) & (pl.col("rank") <= top)).sort("rank")
+        users.append({"user_id": user_ids[i], "history": [titles[j] for j in histories[i]],
+                      "items": rows.select("item_id", "title", "score").to_dicts()})
+    return Examples(f"{path.parent.name}/{path.name}", int(frame["rank"].max() if frame.height else 0), users)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -68,28 +67,14 @@ def print_answers(result, json_mode: bool) -> None:
         print_user(c, answer["user_id"], [result.titles[i] for i in history], answer["items"])
 
 
-def show_examples(workdir: Path, n_users: int = 3, top: int = 5) -> None:
-    """After `gencli run`: a few users' recent history and their top items, so a newcomer sees the output."""
-    import numpy as np
-    import polars as pl
-
-    from gencli.core.infer import workdir as rec_workdir
-    from gencli.flow.release import recommend_inputs
+def show_examples(shown: Any) -> None:
+    """After `gencli run`: a few users' recent history and their top items (:func:`gencli.flow.query.examples`), so
+    a newcomer sees the output."""
     from gencli.ui.output import console
-    from gencli.workspace import Workspace
 
-    ws = Workspace(workdir)
-    path = ws.step_dir("recommend") / rec_workdir.RECOMMENDATIONS
-    frame = pl.read_parquet(path)
-    inputs = recommend_inputs(ws)
-    titles = inputs.items()["title"].cast(pl.String).to_list()
-    user_ids, histories = rec_workdir.histories(inputs)
     c = console()
-    picks = np.linspace(0, len(user_ids) - 1, num=min(n_users, len(user_ids))).astype(int).tolist()
-    k = frame["rank"].max() if frame.height else 0
-    where = printable(f"{path.parent.name}/{path.name}")  # in the workdir `gencli run` has just named
-    c.print(f"\n[bold]recommendations[/bold] (every user's top {k}: {where}), {len(set(picks))} of them:",
+    where = printable(shown.file)  # in the workdir `gencli run` has just named
+    c.print(f"\n[bold]recommendations[/bold] (every user's top {shown.k}: {where}), {len(shown.users)} of them:",
             soft_wrap=True)
-    for i in dict.fromkeys(picks):
-        rows = frame.filter((pl.col("user_id") == user_ids[i]) & (pl.col("rank") <= top)).sort("rank")
-        print_user(c, user_ids[i], [titles[j] for j in histories[i]], rows.select("item_id", "title", "score").to_dicts())
+    for user in shown.users:
+        print_user(c, user["user_id"], user["history"], user["items"])

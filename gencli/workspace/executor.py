@@ -9,9 +9,11 @@ folder for the rerun. Under torchrun rank 0 executes and tells the other ranks w
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 from gencli.core.inputs import Inputs
 from gencli.errors import EXIT_FAILED, GencliError, InputError
 from gencli.steps import Step, wanted_model
+from gencli.workspace.repair import add_fix
 from gencli.workspace.workspace import Workspace
 
 
@@ -107,9 +110,10 @@ def execute(step: Step, cfg: Any, workdir: Path, *, force: bool = False, resume:
             return Outcome(step.name, "up-to-date", str(ws.step_dir(step.name)), ws.step_record(step.name)["metrics"])
         inputs = resolve(ws, step, cfg, upstream, model, models, external.load(), run.resume)
         apply_threads()
-        metrics = step.run_function()(cfg, inputs, run.out_dir, progress or SILENT)
+        metrics = runner(step)(cfg, inputs, run.out_dir, progress or SILENT)
         record = ws.commit(run, metrics, argv=command or command_line(step.name, cfg, str(workdir)))
     except BaseException as error:  # noqa: BLE001 - cleaned up here, reported by the caller
+        add_fix(error)  # a damaged artifact's message gets the command that writes it again
         tell({"exit": getattr(error, "exit_code", EXIT_FAILED)})
         if run is not None and not run.up_to_date:
             keep = not isinstance(error, GencliError) or error.resumable  # a crash or a divergence: resumable
@@ -125,15 +129,23 @@ def execute(step: Step, cfg: Any, workdir: Path, *, force: bool = False, resume:
     return Outcome(step.name, "done", str(ws.step_dir(step.name)), metrics, record["timing"]["seconds"])
 
 
+def bound(target: str | Callable) -> Callable:
+    """A registry row's binding (``module:function``, or the function itself) as the function."""
+    if callable(target):
+        return target
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def runner(step: Step) -> Callable:
+    """The core function a step's row names: ``run(cfg, inputs, out_dir, progress) -> metrics``."""
+    return bound(step.runner)
+
+
 def _external(step: Step, cfg: Any):
     from gencli.workspace.external import External
 
-    if not step.external:
-        return External()
-    module, _, function = step.external.partition(":")
-    import importlib
-
-    return getattr(importlib.import_module(module), function)(cfg)
+    return bound(step.external)(cfg) if step.external else External()
 
 
 def _follow(step: Step, cfg: Any, workdir: Path, external) -> Outcome:
@@ -161,7 +173,7 @@ def _follow(step: Step, cfg: Any, workdir: Path, external) -> Outcome:
         upstream, model, models = declared(ws, step, cfg)  # the same choice of model step as rank 0
         inputs = resolve(ws, step, cfg, upstream, model, models, external.load(), plan["resume"])
         apply_threads()
-        step.run_function()(cfg, inputs, scratch, SILENT)
+        runner(step)(cfg, inputs, scratch, SILENT)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     dist.stop()

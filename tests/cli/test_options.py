@@ -21,7 +21,7 @@ from gencli.config import (
     TrainConfig,
     to_dict,
 )
-from gencli.config.fields import command_line, step_fields
+from gencli.config.fields import command_line, config_class, step_fields
 from gencli.steps import REGISTRY, STEPS
 
 ROOT = click.Context(cli, info_name="gencli")
@@ -42,7 +42,7 @@ def test_every_option_default_is_its_config_field_default(name):
     """Each generated option's default and choices are the dataclass field's: no default has a second home."""
     entry = STEPS[name]
     params = {p.name: p for p in cli.get_command(ROOT, name).params}
-    for f in step_fields(entry.config_class(), name, entry.renames):
+    for f in step_fields(config_class(entry), name, entry.renames):
         option = params[f.name]
         default = option.type_cast_value(ROOT, option.default) if option.default is not None else None
         assert default == f.default, (name, f.name, option.default, f.default)
@@ -53,7 +53,7 @@ def test_every_option_default_is_its_config_field_default(name):
 @pytest.mark.parametrize("name", RECORDED)
 def test_no_options_give_the_config_defaults(name):
     args = ["--items", "x.csv"] if name == "ingest" else []
-    cls = STEPS[name].config_class()
+    cls = config_class(STEPS[name])
     fixed = {**STEPS[name].fixed, **({"items": str(Path("x.csv").resolve())} if name == "ingest" else {})}
     assert to_dict(_build(name, *args)) == to_dict(cls(**fixed))
 

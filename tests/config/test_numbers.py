@@ -13,16 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from gencli.cli import cli
-from gencli.config import RunConfig, StampConfig
+from gencli.config import RunConfig, ServeConfig, StampConfig, config_class
 from gencli.config.base import SEED_BOUNDS
-from gencli.config.serve import ServeConfig
 from gencli.errors import ConfigError
 from gencli.steps import REGISTRY
 
 
 def _configs() -> list[tuple[str, type, dict]]:
     """Every config class a command builds: each step's (with its fixed fields), run's and serve's."""
-    out = [(s.name, s.config_class(), dict(s.fixed)) for s in REGISTRY if s.config]
+    out = [(s.name, config_class(s), dict(s.fixed)) for s in REGISTRY if s.config]
     return [*out, ("run", RunConfig, {}), ("serve", ServeConfig, {})]
 
 

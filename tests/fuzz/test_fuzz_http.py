@@ -38,7 +38,7 @@ def service(tmp_path_factory):
     """One real server for the module (a thread of this process), stopped and drained at the end."""
     import torch
 
-    from gencli.config.serve import ServeConfig
+    from gencli.config import ServeConfig
     from gencli.core.serve.server import Service
 
     torch.set_num_threads(1)

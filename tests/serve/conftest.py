@@ -92,7 +92,7 @@ def users():
 
 
 def serve_config(**changes):
-    from gencli.config.serve import ServeConfig
+    from gencli.config import ServeConfig
 
     return replace(ServeConfig(port=0, watch=0, device="cpu"), **changes)
 

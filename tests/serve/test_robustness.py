@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from gencli.cli import cli
-from gencli.config.serve import ServeConfig
+from gencli.config import ServeConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIMEOUT = 30.0

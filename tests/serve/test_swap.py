@@ -95,7 +95,7 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
     """The real signal handlers: serve() runs in the main thread as under `gencli serve`; a helper thread is the
     operator (rewrites the pointer file, sends SIGHUP, then SIGTERM while a request waits in the batch window)."""
     bundles = {name: path.resolve() for name, path in bundles.items()}
-    from gencli.config.serve import ServeConfig
+    from gencli.config import ServeConfig
     from gencli.core.serve.server import Service
 
     pointer = tmp_path / "current"

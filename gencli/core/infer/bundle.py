@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gencli.config.model import SFT_MAX_HISTORY
+from gencli.config import SFT_MAX_HISTORY
 from gencli.core import artifacts
 from gencli.core.infer.bundle_check import (
     BUNDLE_JSON,

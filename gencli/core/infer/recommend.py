@@ -24,9 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from gencli.config import StampConfig
+from gencli.config import SFT_MAX_HISTORY, StampConfig
 from gencli.config.base import MAX_BEAMS
-from gencli.config.model import SFT_MAX_HISTORY
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blend import Ranker
 from gencli.core.infer.prior import prior_top

@@ -171,14 +171,13 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     device = resolve_device(device) if isinstance(device, str) else device
     dtype = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
     check_model_folder(path)
-    fix = _rerun_hint(path)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except Exception as exc:  # transformers raises OSError/ValueError/safetensors errors alike
         raise ArtifactError(f"cannot load the model folder {path} ({type(exc).__name__}: {exc}): it is corrupt or "
-                            f"half-written; {fix}") from exc
+                            "half-written", damaged=path) from exc
     broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
     if broken:
         raise non_finite(path, broken)
@@ -199,8 +198,8 @@ def non_finite(path: Path, names: list[str]) -> ArtifactError:
     """The error for a model folder holding inf or NaN weights (what a diverged training writes): refused by every
     reader, since such a model only ranks by accident (NaN scores, or the content part of a blend alone)."""
     return ArtifactError(f"model folder {path} has non-finite weights: {len(names)} tensor(s) hold inf or NaN "
-                         f"({', '.join(names[:3])}), as a diverged training leaves them; {_rerun_hint(path)} "
-                         "(with a lower --lr when it trained)")
+                         f"({', '.join(names[:3])}), as a diverged training leaves them (train it again with a "
+                         "lower --lr)", damaged=Path(path))
 
 
 def check_finite_weights(path: Path) -> None:
@@ -213,8 +212,8 @@ def check_finite_weights(path: Path) -> None:
     try:
         files = sorted(set(parse_json(index.read_text()).get("weight_map", {}).values())) if index.is_file() else []
     except (OSError, ValueError, AttributeError) as exc:
-        raise ArtifactError(f"model folder {path}: {index.name} is not a valid index ({exc}); "
-                            f"{_rerun_hint(path)}") from None
+        raise ArtifactError(f"model folder {path}: {index.name} is not a valid index ({exc})",
+                            damaged=path) from None
     files = [path / f for f in files] or [p for p in [path / "model.safetensors"] if p.is_file()]
     broken = []
     for file in files:
@@ -223,29 +222,19 @@ def check_finite_weights(path: Path) -> None:
                 broken += [k for k in weights.keys() if not bool(torch.isfinite(weights.get_tensor(k)).all())]
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
             raise ArtifactError(f"cannot read the weights {file} ({type(exc).__name__}: {exc}): it is corrupt or "
-                                f"half-written; {_rerun_hint(path)}") from None
+                                "half-written", damaged=path) from None
     if broken:
         raise non_finite(path, broken)
 
 
 def check_model_folder(path: Path) -> None:
-    """ArtifactError naming the folder and the step to rerun when it lacks its config or its weights."""
-    path, fix = Path(path), _rerun_hint(Path(path))
+    """ArtifactError naming the folder when it lacks its config or its weights."""
+    path = Path(path)
     if not (path / "config.json").is_file():
         why = "deleted or half-written" if path.is_dir() else "the folder is missing"
-        raise ArtifactError(f"model folder {path} has no config.json ({why}); {fix}")
+        raise ArtifactError(f"model folder {path} has no config.json ({why})", damaged=path)
     if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise ArtifactError(f"model folder {path} has no weights ({WEIGHT_FILES[0]} is missing); {fix}")
-
-
-def _rerun_hint(path: Path) -> str:
-    """The fix for a damaged model folder: rerun the step whose folder holds it (a workdir's ``<step>/model``)."""
-    from gencli.steps import step_order
-
-    step = path.parent.name
-    if step in step_order():
-        return f"rerun `gencli {step} --force`"
-    return "rerun the step that wrote it (e.g. `gencli init-vocab --force`)"
+        raise ArtifactError(f"model folder {path} has no weights ({WEIGHT_FILES[0]} is missing)", damaged=path)
 
 
 def special_ids(tokenizer) -> dict[str, int | None]:

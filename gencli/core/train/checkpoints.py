@@ -108,18 +108,17 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
     A checkpoint missing its config or weights, or one that does not load into ``model``, raises
     :class:`ArtifactError` naming it (without a config transformers would build a default-sized model)."""
-    fix = _start_over(path)
     if not (path / "config.json").is_file():
-        raise ArtifactError(f"checkpoint {path} is incomplete: config.json is missing; {fix}")
+        raise ArtifactError(f"checkpoint {path} is incomplete: config.json is missing", damaged=path)
     if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise ArtifactError(f"checkpoint {path} is incomplete: {WEIGHT_FILES[0]} is missing; {fix}")
+        raise ArtifactError(f"checkpoint {path} is incomplete: {WEIGHT_FILES[0]} is missing", damaged=path)
     dtype = next(model.parameters()).dtype
     try:
         with quiet_transformers():
             loaded = type(model).from_pretrained(path, dtype=dtype)
         model.load_state_dict(loaded.state_dict())
     except Exception as exc:  # noqa: BLE001 - any load failure means a corrupt checkpoint
-        raise ArtifactError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}); {fix}") from None
+        raise ArtifactError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc})", damaged=path) from None
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
@@ -128,17 +127,8 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/EOFError/UnpicklingError alike
-        raise ArtifactError(f"checkpoint file {file} cannot be read ({type(exc).__name__}: {exc}); "
-                            f"{_start_over(path)}") from None
-
-
-def _start_over(checkpoint: Path) -> str:
-    """The fix for a damaged checkpoint: training cannot resume from it, so start the step over."""
-    from gencli.steps import step_order
-
-    step = checkpoint.parent.parent.name  # <workdir>/.staging/<step>/checkpoints/step-NNNNNN
-    again = f"`gencli {step} --force`" if step in step_order() else "the same command"
-    return f"training cannot resume from it: start over with {again} (without --resume)"
+        raise ArtifactError(f"checkpoint file {file} cannot be read ({type(exc).__name__}: {exc})",
+                            damaged=path) from None
 
 
 class MetricsLog:

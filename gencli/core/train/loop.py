@@ -325,10 +325,7 @@ class _Run:
 
     def diverged(self, what: str, iteration: int) -> TrainingDiverged:
         """The error that stops a diverged run: which step, which iteration, the likely cause and what is kept."""
-        from gencli.steps import step_order
-
-        out_dir = self.ckpt_dir.parent  # <workdir>/.staging/<step> under the executor
-        step = out_dir.name if out_dir.name in step_order() else "training"
+        step = self.cfg.task
         lr = self.optimizer.param_groups[0]["lr"]
         kept = list_checkpoints(self.ckpt_dir)
         rerun = (f"rerunning the same command resumes from {kept[-1]}" if kept else

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import polars as pl
 
-from gencli.config.base import SFT_SAMPLES
+from gencli.config.train import SFT_SAMPLES
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import SidVocab, build_example, build_prompt
 

@@ -29,8 +29,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import StampConfig, TrainConfig
-from gencli.config.model import BATCH
+from gencli.config import BATCH, StampConfig, TrainConfig
 from gencli.core import artifacts, dist
 from gencli.core.data import tables
 from gencli.core.device import resolve_device

@@ -1,30 +1,21 @@
-"""Configs of the model steps: init-vocab, STAMP, cpt/sft training, profile."""
+"""Configs of the steps that build and train the model: init-vocab, STAMP, cpt/sft/rl, profile."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gencli.config.base import (
-    DEVICES,
-    DTYPES,
-    INIT_METHODS,
-    MAX_BEAMS,
-    MODEL_STEP_CHOICES,
-    PROJECTIONS,
-    RL_METHODS,
-    SAP_SCORES,
-    SCHEDULES,
-    SFT_SAMPLES,
-    SFT_STARTS,
-    TRAIN_TASKS,
-    TRAINING,
-    Checks,
-    device_option,
-    dtype_option,
-    model_step_option,
-    option,
-    seed_option,
-)
+from gencli.config.base import MAX_BEAMS, Checks, device_option, dtype_option, model_step_option, option, seed_option
+from gencli.steps import model_candidates, steps_with_config, token_training_steps
+
+INIT_METHODS = ("random", "mean", "centroid", "gti")
+PROJECTIONS = ("pca", "truncate", "isometric")
+SCHEDULES = ("cosine", "linear")
+SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
+SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
+SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
+TRAINING = token_training_steps()  # cpt, sft: the steps that train on tokens (STAMP's MAP and SAP-while-training)
+TRAIN_TASKS = steps_with_config("TrainConfig")  # cpt, sft, rl: rl trains on rollouts with a preference loss
+RL_METHODS = ("grpo", "dpo")  # rl --method (gencli.core.train.preference); the first is the default
 
 
 @dataclass(frozen=True)
@@ -50,14 +41,10 @@ class InitVocabConfig:
 
     def __post_init__(self) -> None:
         c = Checks("init-vocab", self)
-        c.choice("init", self.init, INIT_METHODS)
-        c.choice("projection", self.projection, PROJECTIONS)
         c.positive("eps", self.eps)
         c.positive("gti-steps", self.gti_steps)
         c.positive("gti-lr", self.gti_lr)
         c.positive("gti-max-items", self.gti_max_items)
-        c.choice("device", self.device, DEVICES)
-        c.choice("dtype", self.dtype, DTYPES)
         c.done()
 
 
@@ -86,7 +73,6 @@ class StampConfig:
         c = Checks("stamp")
         c.require(self.layer >= 0, f"--stamp-layer must be >= 0, 0 = auto (got {self.layer})")
         c.require(0 < self.keep_ratio <= 1, f"--keep-ratio must be in (0, 1] (got {self.keep_ratio})")
-        c.choice("sap-score", self.score, SAP_SCORES)
         c.require(self.recent_window >= window_min,
                   f"--recent-window must be >= {window_min}"
                   + (": decoding starts from the last prompt token" if window_min else "")
@@ -125,7 +111,7 @@ class TrainConfig:
     task: str = option("sft", "sft (history SIDs -> next SID, all weights), cpt (SID <-> text, new rows only) or rl "
                               "(a preference stage on sft's rollouts).", cli=False)
     start_from: str = option("auto", "Model to start from (auto = cpt when it has run, else init-vocab; rl: sft).",
-                             choices=SFT_STARTS, option="--from", steps=("sft",))
+                             choices=SFT_STARTS, option="--from", steps=("sft",), check=False)
     epochs: float = option(0.0, f"Passes over the training samples at most (0 = auto: sft {SFT_MAX_EPOCHS:g}, "
                                  f"normally stopped earlier by --patience; cpt 1; rl {RL_EPOCHS:g}). Ignored when "
                                  "--max-steps > 0.")
@@ -192,7 +178,6 @@ class TrainConfig:
         c.problems += self.stamp.problems()
         c.choice("task", self.task, TRAIN_TASKS)
         c.choice("from", self.start_from, ("sft",) if self.task == "rl" else SFT_STARTS)
-        c.choice("schedule", self.schedule, SCHEDULES)
         c.positive("epochs", self.epochs, allow_zero=True)
         c.positive("max-steps", self.max_steps, allow_zero=True)
         c.positive("batch-size", self.batch_size, allow_zero=True)
@@ -204,14 +189,12 @@ class TrainConfig:
         c.positive("max-grad-norm", self.max_grad_norm, allow_zero=True)
         c.positive("max-history", self.max_history)
         c.positive("max-prefixes", self.max_prefixes, allow_zero=True)
-        c.choice("samples", self.samples, SFT_SAMPLES)
         c.positive("eval-every", self.eval_every, allow_zero=True)
         c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
         c.positive("eval-users", self.eval_users, allow_zero=True)
         low, metric = (10, "NDCG@10") if self.task == "rl" else (5, "Recall@5")
         c.require(low <= self.eval_beams <= MAX_BEAMS,
                   f"--eval-beams must be in [{low}, {MAX_BEAMS}] for validation {metric} (got {self.eval_beams})")
-        c.choice("method", self.method, RL_METHODS)
         c.require(2 <= self.rollouts <= MAX_BEAMS, f"--rollouts must be in [2, {MAX_BEAMS}] (got {self.rollouts})")
         c.require(1 <= self.negatives < self.rollouts,
                   f"--negatives must be in [1, --rollouts) (got {self.negatives}, rollouts {self.rollouts})")
@@ -224,8 +207,6 @@ class TrainConfig:
         c.positive("log-every", self.log_every)
         c.positive("keep-checkpoints", self.keep_checkpoints)
         c.positive("average", self.average)
-        c.choice("device", self.device, DEVICES)
-        c.choice("dtype", self.dtype, DTYPES)
         c.done()
 
     def micro_batch(self, n_examples: int) -> int:
@@ -273,6 +254,4 @@ class ProfileConfig:
         c.require(len(set(self.variants)) == len(self.variants), "--variants lists a variant twice")
         c.positive("steps", self.steps)
         c.positive("warmup-steps", self.warmup_steps, allow_zero=True)
-        c.choice("model-step", self.model_step, MODEL_STEP_CHOICES)
-        c.choice("device", self.device, DEVICES)
         c.done()
