@@ -31,7 +31,7 @@ from typing import Any
 
 from common import CACHE, REPO, gencli, prepare_shared
 
-from gencli.core.lm.backbone import gencli_home
+from gencli.fileio import gencli_home
 
 MODES = ("full", "sid", "hf")
 

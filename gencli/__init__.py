@@ -6,7 +6,8 @@ Python API: ``from gencli import Recommender; Recommender.load(DIR).recommend(["
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from gencli.version import __version__
+
 __all__ = ["Recommender", "Recommendation", "__version__"]
 
 if TYPE_CHECKING:

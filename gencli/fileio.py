@@ -126,3 +126,9 @@ def write_json_atomic(path: Path, value: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def gencli_home() -> Path:
+    """Folder for pulled models and caches: ``$GENCLI_HOME`` or ``~/.cache/gencli``."""
+    env = os.environ.get("GENCLI_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gencli"

@@ -15,7 +15,7 @@ from tokenizers import AddedToken
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.core import artifacts
-from gencli.core.lm.backbone import train_tiny_tokenizer
+from gencli.core.lm.presets import train_tiny_tokenizer
 
 LEVELS = [4, 4, 2]  # two quantizer levels + dedup
 SAMPLE_ITEMS = Path(__file__).resolve().parents[1] / "sample_data" / "items.csv"

@@ -1,8 +1,10 @@
-"""The shape of the code: no import cycle in gencli/, small core modules, a CLI that starts without torch."""
+"""The shape of the code: every import of gencli/ follows docs/architecture.md's table of rooms, no import cycle,
+small core modules, a CLI that starts without torch."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gencli"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 CORE_MAX_LINES = 400
 
 
@@ -34,12 +37,13 @@ def import_time_nodes(tree: ast.AST):
         yield from import_time_nodes(node)
 
 
-def imported_modules(name: str, path: Path) -> set[str]:
+def imported_modules(name: str, path: Path, every: bool = False) -> set[str]:
     """The gencli modules that importing ``name`` imports (``from pkg import mod`` names ``pkg.mod`` when it is a
-    module, else ``pkg``)."""
+    module, else ``pkg``); with ``every``, also the imports inside functions and under ``if TYPE_CHECKING:``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()
-    for node in import_time_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree) if every else import_time_nodes(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -85,10 +89,70 @@ def test_cycle_finder_finds_a_cycle_and_only_a_cycle():
 
 
 def test_the_import_graph_of_gencli_has_no_cycle():
-    graph = {name: imported_modules(name, path) for name, path in MODULES.items()}
-    assert sum(len(v) for v in graph.values()) > 50  # the graph was really read
+    """Not even through an import inside a function: the rooms form a stack."""
+    graph = {name: imported_modules(name, path, every=True) for name, path in MODULES.items()}
+    assert sum(len(v) for v in graph.values()) > 400  # the graph was really read, deferred imports included
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def rooms(markdown: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """docs/architecture.md's table: (module name -> its room, room -> the rooms it may import)."""
+    section = markdown.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    owner, allowed = {}, {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[1].startswith("`"):
+            continue
+        room, modules, _, may = cells
+        allowed[room] = {r.strip() for r in may.split(",") if r.strip()}
+        owner.update(dict.fromkeys(re.findall(r"`([\w.]+)`", modules), room))
+    return owner, allowed
+
+
+def room_of(module: str, owner: dict[str, str]) -> str | None:
+    """The room of the longest table entry that is ``module`` or one of its packages."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in owner:
+            return owner[".".join(parts[:n])]
+    return None
+
+
+def arrows_against(table: str) -> list[str]:
+    owner, allowed = rooms(table)
+    wrong = []
+    for name, path in MODULES.items():
+        mine = room_of(name, owner)
+        if mine is None:
+            wrong.append(f"{name} belongs to no room of docs/architecture.md")
+            continue
+        for target in sorted(imported_modules(name, path, every=True)):
+            theirs = room_of(target, owner)
+            if theirs != mine and theirs not in allowed[mine]:
+                wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
+    return wrong
+
+
+def test_the_layer_check_reads_the_table_and_sees_a_deferred_import():
+    owner, allowed = rooms(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert room_of("gencli.core.infer.beam", owner) == "core.infer" and room_of("gencli.core.dist", owner) == "core.util"
+    assert room_of("gencli", owner) == "api" and room_of("gencli.errors", owner) == "base"
+    assert allowed["steps"] == set() and "core.infer" not in allowed["core.lm"]
+    # gencli.core.lm.warm imports core.sid (allowed); a table without that arrow makes the check fail
+    table = ARCHITECTURE.read_text(encoding="utf-8").replace(
+        "| base, config, core.util, core.data, core.sid |", "| base, config, core.util, core.data |")
+    assert any(line.startswith("gencli.core.lm.warm (core.lm) imports gencli.core.sid")
+               for line in arrows_against(table))
+    # gencli.core.infer.bundle imports gencli.core.lm.backbone only inside a function: still an arrow
+    bundle = MODULES["gencli.core.infer.bundle"]
+    assert "gencli.core.lm.backbone" in imported_modules("gencli.core.infer.bundle", bundle, every=True)
+
+
+def test_every_import_follows_the_table_of_rooms():
+    """Every import, at module level or inside a function, goes within a room or along an arrow of the table."""
+    wrong = arrows_against(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert wrong == [], "imports against docs/architecture.md's table:\n" + "\n".join(wrong)
 
 
 def test_no_core_module_is_over_400_lines():

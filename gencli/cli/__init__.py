@@ -9,8 +9,9 @@ import sys
 
 import click
 
-from gencli import __version__, steps
+from gencli import steps
 from gencli.threads import thread_problem
+from gencli.version import __version__
 
 # command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
 # Nothing heavy is imported until a command runs.

@@ -22,7 +22,7 @@ def models() -> None:
 @JSON_OPTION
 def list_cmd(json_mode):
     """Show presets, whether each is available, and where it lives."""
-    from gencli.core.lm.backbone import list_models
+    from gencli.core.lm.presets import list_models
 
     rows = list_models()
     if json_mode:
@@ -55,7 +55,7 @@ def pull(preset, wheel, json_mode):
     from gencli.workspace.executor import quiet_libraries
 
     quiet_libraries()
-    from gencli.core.lm.backbone import pull_smollm2
+    from gencli.core.lm.hub import pull_smollm2
     from gencli.ui.progress import make_progress
 
     try:

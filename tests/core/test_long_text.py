@@ -12,7 +12,7 @@ from factories import catalog_texts
 from gencli.config import IngestConfig
 from gencli.core.data.ingest import run as ingest
 from gencli.core.data.tables import LONG_TEXT, LONG_WORD, training_pieces
-from gencli.core.lm.backbone import train_tiny_tokenizer
+from gencli.core.lm.presets import train_tiny_tokenizer
 
 
 def test_pieces_leave_a_usual_text_alone_and_cut_long_runs():

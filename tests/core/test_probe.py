@@ -12,7 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import ProbeConfig
 from gencli.core import probe
-from gencli.core.lm.backbone import train_tiny_tokenizer
+from gencli.core.lm.presets import train_tiny_tokenizer
 from gencli.errors import ArtifactError, InputError
 
 

@@ -13,8 +13,9 @@ import torch
 from gencli.config import InitVocabConfig
 from gencli.core import artifacts
 from gencli.core.lm import vocab
-from gencli.core.lm.backbone import build_tiny, save_model, tiny_config, train_tiny_tokenizer
+from gencli.core.lm.backbone import save_model
 from gencli.core.lm.gti import GTI_LOSS_FILE
+from gencli.core.lm.presets import build_tiny, tiny_config, train_tiny_tokenizer
 from gencli.errors import ArtifactError, InputError
 
 D_MODEL = 128  # hidden size of the tiny preset

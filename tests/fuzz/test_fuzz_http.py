@@ -39,7 +39,7 @@ def service(tmp_path_factory):
     import torch
 
     from gencli.config import ServeConfig
-    from gencli.core.serve.server import Service
+    from gencli.server.service import Service
 
     torch.set_num_threads(1)
     served = Service(ServeConfig(port=0, watch=0, device="cpu", read_timeout=0.3, max_body_bytes=20_000,

@@ -100,7 +100,7 @@ def serve_config(**changes):
 @contextlib.contextmanager
 def running(bundle: Path, **changes):
     """A real server on 127.0.0.1 (ephemeral port) in a thread; yields the Service, stops it (drained) after."""
-    from gencli.core.serve.server import SWITCH_INTERVAL_S, Service
+    from gencli.server.service import SWITCH_INTERVAL_S, Service
 
     switch = sys.getswitchinterval()
     service = Service(serve_config(**changes), bundle)

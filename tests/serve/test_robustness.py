@@ -34,7 +34,7 @@ class _Background:
     """A Service serving in a thread; ``code`` is what serve() returned (None while it runs)."""
 
     def __init__(self, bundle, **changes):
-        from gencli.core.serve.server import Service
+        from gencli.server.service import Service
 
         self.service = Service(ServeConfig(**{"port": 0, "watch": 0, "device": "cpu", **changes}), bundle)
         self.codes: list[int] = []

@@ -96,7 +96,7 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
     operator (rewrites the pointer file, sends SIGHUP, then SIGTERM while a request waits in the batch window)."""
     bundles = {name: path.resolve() for name, path in bundles.items()}
     from gencli.config import ServeConfig
-    from gencli.core.serve.server import Service
+    from gencli.server.service import Service
 
     pointer = tmp_path / "current"
     pointer.write_text(f"{bundles['a']}\n")

@@ -67,7 +67,7 @@ def write_bundle(
     """
     import polars as pl
 
-    from gencli import __version__
+    from gencli.version import __version__
 
     out_dir = Path(out_dir)
     if out_dir.is_symlink():  # the --promote link: replacing what it points at would swap a serving bundle in place

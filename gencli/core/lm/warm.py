@@ -109,14 +109,14 @@ def run_step(cfg: InitVocabConfig, inputs, out_dir: Path, progress: Progress = S
     """The init-vocab step: quantize's codebooks and SIDs, ingest's texts; ``--warm-start``'s model from
     ``inputs.external``."""
     from gencli.core.data import tables
-    from gencli.core.lm import backbone, vocab
+    from gencli.core.lm import presets, vocab
 
     texts = tables.item_text(inputs.items(), tables.LM_TEXT_TEMPLATE)
     codes, token_map = inputs.codes()
     codebooks = inputs.codebooks()
     warm = inputs.external.get("warm")
     if warm is None:
-        base = backbone.resolve_backbone(cfg.model, out_dir, texts, cfg.seed)
+        base = presets.resolve_backbone(cfg.model, out_dir, texts, cfg.seed)
         return vocab.run(cfg, base, texts, codebooks, codes, token_map, out_dir, progress)
     from gencli.core.sid import store
 

@@ -77,7 +77,7 @@ def tokenize(st: Any, texts: list[str]) -> dict[str, Any]:
 
 
 def cache_dir() -> Path:
-    from gencli.core.lm.backbone import gencli_home
+    from gencli.fileio import gencli_home
 
     return gencli_home() / "encoders"
 

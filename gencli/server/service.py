@@ -26,12 +26,12 @@ from pathlib import Path
 
 import uvicorn
 
-from gencli.core.serve.app import State, build_app
 from gencli.core.serve.batcher import Batcher
 from gencli.core.serve.metrics import ServeMetrics
 from gencli.core.serve.schema import Limits
 from gencli.core.serve.swap import Holder, load_served, log_ties
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
+from gencli.server.app import State, build_app
 
 log = logging.getLogger("gencli.serve")
 # 16 concurrent clients on the sample bundle: +3% req/s and -2% one-request p50 against 5 ms (research/serve/NOTES.md)
