@@ -8,7 +8,6 @@ A nested config's fields are options of their own (``stamp.sap`` is ``--sap``, o
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import typing
 from typing import Any
 
@@ -124,7 +123,3 @@ def command_line(step: str, cfg: Any, workdir: str | None = None) -> list[str]:
     if workdir:
         argv += ["--workdir", str(workdir)]
     return argv
-
-
-def shell(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
