@@ -134,7 +134,9 @@ def fit(
     run = _Run(model, cfg, len(dataset), param_groups or default_param_groups(model, cfg.weight_decay), device,
                amp_dtype, [StepPlan(cfg, evaluate is not None, eval_every), *callbacks], hf_writer(model, tokenizer),
                ckpt_dir)
-    random.seed(cfg.seed)  # nothing in the loop draws randomness today; seeded so future dropout & co. replay
+    # of the global RNGs only torch's is drawn from, by sft's --dropout (the batch order has its own generator,
+    # batches.py); all are seeded here, and every checkpoint saves and restores them (checkpoints.rng_state)
+    random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     existing = list_checkpoints(ckpt_dir) if resume else []
