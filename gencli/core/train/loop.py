@@ -206,14 +206,13 @@ def fit(
             valid_time += time.perf_counter() - t0
             log.write({"kind": "average", "step": state.global_step, **averaged})
     log.close()
-    if not dist.is_main():  # under torchrun, rank 0 writes the model
-        pass
-    elif averaged is not None and averaged["members"] > 1:
-        save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
-    elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
-        save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
-    else:
-        save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
+    if dist.is_main():  # under torchrun, rank 0 writes the model
+        if averaged is not None and averaged["members"] > 1:
+            save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
+        elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
+            save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
+        else:
+            save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
     return {
         "steps": state.global_step,
         "max_steps": state.max_steps,
