@@ -174,6 +174,8 @@ def test_argument_errors():
         constrained_beam_search(model, [[]], SidTrie(sids), beams=2, top_k=2)
     with pytest.raises(ValueError, match="model has 48 logits"):
         constrained_beam_search(model, [[1]], SidTrie(np.array([[60, 61]])), beams=2, top_k=2)
+    with pytest.raises(ValueError, match="prefill_call_tokens must be >= 0"):
+        constrained_beam_search(model, [[1]], SidTrie(sids), beams=2, top_k=2, prefill_call_tokens=-1)
 
 
 def test_sid_softmax_rows_normalise_over_sid_tokens_only():
