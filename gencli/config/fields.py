@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import shlex
 import typing
 from typing import Any
 
@@ -133,7 +132,3 @@ def command_line(step: str, cfg: Any, workdir: str | None = None) -> list[str]:
     if workdir:
         argv += ["--workdir", str(workdir)]
     return argv
-
-
-def shell(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

@@ -41,6 +41,15 @@ def teacher_forced_scores(model, prompt: list[int], sids: np.ndarray) -> np.ndar
     return picked.sum(dim=1).numpy()
 
 
+def item_of_sid(trie: SidTrie, paths: np.ndarray) -> list[int]:
+    """Item each full SID path [N, D] leads to, one trie step per token; -1 for a path that is no item."""
+    paths = torch.as_tensor(paths, dtype=torch.int64)
+    nodes = torch.zeros(len(paths), dtype=torch.int64)
+    for t in range(trie.depth):
+        nodes = trie.step(nodes, t, paths[:, t])
+    return torch.where(nodes >= 0, trie.item_of_leaf(nodes.clamp(min=0)), -1).tolist()
+
+
 def test_trie_structure_by_hand():
     tokens = np.array([[5, 7, 9], [5, 8, 9], [6, 7, 9], [5, 7, 10]])
     trie = SidTrie(tokens)
@@ -59,14 +68,14 @@ def test_trie_structure_by_hand():
     assert child[valid].tolist() == trie.step(torch.tensor([0, 0, 1]), 1, tok[valid]).tolist() == [0, 1, 2]
     assert trie.step(torch.tensor([0, 0, 1]), 1, torch.tensor([8, 6, 8])).tolist() == [1, -1, -1]
     paths = np.array([[5, 7, 10], [6, 7, 9], [5, 7, 9], [5, 8, 9], [6, 8, 9], [9, 9, 9], [11, 7, 9]])
-    assert trie.lookup(paths).tolist() == [3, 2, 0, 1, -1, -1, -1]
+    assert item_of_sid(trie, paths) == [3, 2, 0, 1, -1, -1, -1]
     assert trie.n_duplicates == 0
 
 
 def test_trie_duplicates_map_to_lowest_item():
     trie = SidTrie(np.array([[3, 4], [1, 2], [3, 4]]))
     assert trie.n_duplicates == 1
-    assert trie.lookup(np.array([[3, 4], [1, 2]])).tolist() == [0, 1]
+    assert item_of_sid(trie, np.array([[3, 4], [1, 2]])) == [0, 1]
 
 
 def test_exhaustive_beam_matches_teacher_forcing():
@@ -165,6 +174,8 @@ def test_argument_errors():
         constrained_beam_search(model, [[]], SidTrie(sids), beams=2, top_k=2)
     with pytest.raises(ValueError, match="model has 48 logits"):
         constrained_beam_search(model, [[1]], SidTrie(np.array([[60, 61]])), beams=2, top_k=2)
+    with pytest.raises(ValueError, match="prefill_call_tokens must be >= 0"):
+        constrained_beam_search(model, [[1]], SidTrie(sids), beams=2, top_k=2, prefill_call_tokens=-1)
 
 
 def test_sid_softmax_rows_normalise_over_sid_tokens_only():

@@ -14,7 +14,6 @@ from factories import sap_scores_by_hand, tiny_qwen3
 
 from gencli.config import EvalConfig, StampConfig, TrainConfig
 from gencli.core import artifacts
-from gencli.core.infer import beam
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.evaluate import run
 from gencli.core.infer.trie import SidTrie
@@ -64,14 +63,13 @@ def test_keep_ratio_one_is_bit_identical_to_no_pruning(model):
     assert np.array_equal(plain[0], pruned[0]) and np.array_equal(plain[1], pruned[1])
 
 
-def test_prefill_sees_kept_tokens_at_their_original_positions(model, monkeypatch):
-    monkeypatch.setattr(beam, "PREFILL_CALL_TOKENS", 10_000)  # the whole batch in one prefill run
+def test_prefill_sees_kept_tokens_at_their_original_positions(model):
     sids, prompts = catalog(), prompts_of()
     settings = StampConfig(sap=True, layer=1, keep_ratio=0.5, recent_window=4)
     calls, handle = record_calls(model)
     try:
         constrained_beam_search(model, prompts, SidTrie(sids), beams=5, top_k=5, batch_size=len(prompts),
-                                prune=settings)
+                                prune=settings, prefill_call_tokens=10_000)  # the whole batch in one prefill run
     finally:
         handle.remove()
     assert len(calls) == sids.shape[1]  # one prefill + D - 1 steps (scoring runs the layers, not forward)

@@ -8,7 +8,7 @@ from factories import tiny_qwen3
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import StampConfig
-from gencli.core.infer import beam, shared_kv
+from gencli.core.infer import shared_kv
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
 
@@ -51,15 +51,15 @@ def assert_same(shared, reference):
 
 @pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama])
 @pytest.mark.parametrize("call_tokens", [0, 80, 10_000])  # one prefill run per length, a few, one run for all
-def test_shared_prompt_matches_the_per_beam_cache(monkeypatch, make, call_tokens):
-    monkeypatch.setattr(beam, "PREFILL_CALL_TOKENS", call_tokens)
+def test_shared_prompt_matches_the_per_beam_cache(make, call_tokens):
     sids = catalog()
     model = make(BASE + sum(LEVELS), seed=3)
     assert shared_kv.supports(model)
     prompts = prompts_of_mixed_lengths(model.config.vocab_size)
     trie = SidTrie(sids)
     for batch_size in (1, 4, 9):
-        assert_same(*both(model, prompts, trie, beams=6, top_k=6, batch_size=batch_size))
+        assert_same(*both(model, prompts, trie, beams=6, top_k=6, batch_size=batch_size,
+                          prefill_call_tokens=call_tokens))
 
 
 def test_shared_prompt_on_banned_first_level_and_sid_softmax():

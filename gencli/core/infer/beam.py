@@ -38,9 +38,9 @@ from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.prefill import kept_count, prune_prompts
 from gencli.core.stamp.sap import resolve
 
-# one prefill call's fixed cost in prompt tokens: a batch's prompts are prefilled in runs of similar length
-# (shared_kv.prefill_runs) where a run's padding would cost more than another call (measured on the sample bundle's
-# tiny model on a CPU, docs/benchmarks.md "serve")
+# one prefill call's fixed cost in prompt tokens (the default of constrained_beam_search's prefill_call_tokens): a
+# batch's prompts are prefilled in runs of similar length (shared_kv.prefill_runs) where a run's padding would cost
+# more than another call (measured on the sample bundle's tiny model on a CPU, docs/benchmarks.md "serve")
 PREFILL_CALL_TOKENS = 80
 
 
@@ -105,6 +105,7 @@ def _decode_batch(
     prune: StampConfig | None = None,
     dead: list[torch.Tensor] | None = None,
     share_prompt: bool = True,
+    prefill_call_tokens: int = PREFILL_CALL_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Beam search for one batch of users: (items [b, beams], scores [b, beams], dead beams at -inf; the prefill's
     log-probabilities of the first SID tokens [b, G], in :attr:`SidTrie.first_tokens` order).
@@ -126,7 +127,7 @@ def _decode_batch(
     shared = cache = None
     if share_prompt and trie.depth > 1:  # prefill runs of similar length, decode them together
         parts, last = [], None
-        for run in shared_kv.prefill_runs([len(p) for p in prompts], PREFILL_CALL_TOKENS):
+        for run in shared_kv.prefill_runs([len(p) for p in prompts], prefill_call_tokens):
             r_ids, r_mask, r_pos = _left_pad([prompts[i] for i in run], device,
                                              None if positions is None else [positions[i] for i in run])
             parts.append((run, _new_cache(model)))
@@ -212,6 +213,7 @@ def constrained_beam_search(
     first_level: bool = False,
     share_prompt: bool = True,
     shard: bool = True,
+    prefill_call_tokens: int = PREFILL_CALL_TOKENS,
 ) -> tuple[np.ndarray, ...]:
     """Top ``top_k`` catalog items per prompt by beam search over the SID trie.
 
@@ -228,12 +230,17 @@ def constrained_beam_search(
     prefix part reads, :mod:`gencli.core.infer.blend`). ``share_prompt=False`` decodes with HF's cache copied to
     every beam (the reference for :mod:`gencli.core.infer.shared_kv`; the same items, scores within float rounding).
     Under torchrun the batches are split over the ranks and gathered; ``shard=False`` decodes every prompt in this
-    process (rl's rollouts: each rank decodes its own training batch).
+    process (rl's rollouts: each rank decodes its own training batch). ``prefill_call_tokens`` is one prefill call's
+    cost in padded prompt tokens: the shared prompt's prefill splits a batch into runs of similar length where that
+    saves padding (:func:`gencli.core.infer.shared_kv.prefill_runs`; 0: a run per length, large: one run), the same
+    items and scores within float rounding.
     """
     if not 1 <= top_k <= beams:
         raise ValueError(f"top_k must be in [1, beams] (got top_k={top_k}, beams={beams})")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+    if prefill_call_tokens < 0:
+        raise ValueError(f"prefill_call_tokens must be >= 0 (got {prefill_call_tokens})")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (e.g. BOS)")
     if isinstance(model, LeanCausalLM) and (prune is not None or not share_prompt or trie.depth < 2):
@@ -275,7 +282,8 @@ def constrained_beam_search(
             if banned is not None:
                 dead = [keys.to(device) for keys in trie.dead_keys([banned[i] for i in idx])]
             batch_items, batch_scores, batch_first = _decode_batch(
-                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead, share_prompt
+                model, [prompts[i] for i in idx], trie, beams, cache_kw, keep_kw, rows, prune, dead, share_prompt,
+                prefill_call_tokens,
             )
             batch_items, batch_scores = _rank_beams(batch_items, batch_scores, top_k)
             done.append((idx, batch_items.cpu().numpy(), batch_scores.cpu().numpy(),

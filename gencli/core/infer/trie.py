@@ -104,18 +104,6 @@ class SidTrie:
         found = (keys[pos] == query) & (tokens >= 0) & (tokens < self.vocab_bound) & (nodes >= 0)
         return torch.where(found, pos, torch.full_like(pos, -1))
 
-    def lookup(self, paths: torch.Tensor | np.ndarray) -> np.ndarray:
-        """Item index of each full SID path [N, D] (token ids); -1 for a path that is no item."""
-        paths = torch.as_tensor(np.asarray(paths), dtype=torch.int64, device=self._leaf_item.device)
-        if paths.ndim != 2 or paths.shape[1] != self.depth:
-            raise ValueError(f"paths must be [N, {self.depth}] (got {tuple(paths.shape)})")
-        nodes = torch.zeros(len(paths), dtype=torch.int64, device=paths.device)
-        for t in range(self.depth):
-            nodes = self.step(nodes, t, paths[:, t])
-            nodes = torch.where(nodes >= 0, nodes, torch.full_like(nodes, -1))
-        items = torch.where(nodes >= 0, self._leaf_item[nodes.clamp(min=0)], torch.full_like(nodes, -1))
-        return items.cpu().numpy()
-
     def item_of_leaf(self, leaves: torch.Tensor) -> torch.Tensor:
         """Item index of depth-D nodes."""
         return self._leaf_item[leaves]

@@ -134,7 +134,9 @@ def fit(
     run = _Run(model, cfg, len(dataset), param_groups or default_param_groups(model, cfg.weight_decay), device,
                amp_dtype, [StepPlan(cfg, evaluate is not None, eval_every), *callbacks], hf_writer(model, tokenizer),
                ckpt_dir)
-    random.seed(cfg.seed)  # nothing in the loop draws randomness today; seeded so future dropout & co. replay
+    # of the global RNGs only torch's is drawn from, by sft's --dropout (the batch order has its own generator,
+    # batches.py); all are seeded here, and every checkpoint saves and restores them (checkpoints.rng_state)
+    random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     existing = list_checkpoints(ckpt_dir) if resume else []
@@ -204,14 +206,13 @@ def fit(
             valid_time += time.perf_counter() - t0
             log.write({"kind": "average", "step": state.global_step, **averaged})
     log.close()
-    if not dist.is_main():  # under torchrun, rank 0 writes the model
-        pass
-    elif averaged is not None and averaged["members"] > 1:
-        save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
-    elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
-        save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
-    else:
-        save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
+    if dist.is_main():  # under torchrun, rank 0 writes the model
+        if averaged is not None and averaged["members"] > 1:
+            save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
+        elif best.is_dir() and state.best_step is not None:  # validation ran: the final model is the best one
+            save_atomic(out_dir / artifacts.MODEL_DIR, lambda tmp: shutil.copytree(best, tmp, dirs_exist_ok=True))
+        else:
+            save_atomic(out_dir / artifacts.MODEL_DIR, run.save_model)
     return {
         "steps": state.global_step,
         "max_steps": state.max_steps,

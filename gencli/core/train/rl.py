@@ -22,19 +22,15 @@ import torch
 
 from gencli.config import TrainConfig
 from gencli.core import artifacts
-from gencli.core.data import tables
 from gencli.core.device import resolve_device
-from gencli.core.infer.blend import Ranker, first_groups
-from gencli.core.infer.content import ContentScorer
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
 from gencli.core.train.loop import fit
 from gencli.core.train.preference import PreferenceLoss
 from gencli.core.train.samples import PromptExamples
-from gencli.core.train.sft import Validation, check_frames, prior_events, sid_rows, write_ranking
+from gencli.core.train.sft import Validation, content_ranker, load_sids, prior_events, sid_rows, write_ranking
 from gencli.errors import InputError
 
 EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
@@ -60,12 +56,8 @@ def run(
     if valid is None or valid.height == 0:
         raise InputError("rl picks its checkpoint on the valid split, and ingest wrote none; ingest with a split "
                          "that keeps a validation target per user (the default --split loo)")
-    vocab = load_sid_vocab(vocab_path)
-    item_tokens = item_token_ids(item_codes, vocab)
-    check_frames(train, valid, len(item_tokens))
-    if len(embeddings) != len(item_tokens):
-        raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
-                         f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
+    vocab, item_tokens = load_sids(vocab_path, item_codes, train, valid)
+    ranker = content_ranker(embeddings, item_tokens, train)
     dataset = PromptExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.rl_targets)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so rl has no prompt; "
@@ -76,8 +68,6 @@ def run(
     rows = sid_rows(vocab) if vocab.softmax == "sid" else None
     loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
                           cfg.negatives, cfg.beta, kl=cfg.kl, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
-    ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens),
-                    counts=tables.train_target_counts(train, len(item_tokens)))
     evaluate = Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker, metric=EVAL_METRIC)
     callbacks: list[Any] = [ProgressCallback(progress, "rl")]
     if cfg.patience > 0:

@@ -217,6 +217,25 @@ def check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) 
                          + "; rerun gencli ingest and gencli quantize on the same data")
 
 
+def load_sids(vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
+              valid: pl.DataFrame | None) -> tuple[SidVocab, np.ndarray]:
+    """The SID vocabulary and every item's SID token ids [n_items, D], once the splits are checked against them."""
+    vocab = load_sid_vocab(vocab_path)
+    item_tokens = item_token_ids(item_codes, vocab)
+    check_frames(train, valid, len(item_tokens))
+    return vocab, item_tokens
+
+
+def content_ranker(embeddings: np.ndarray, item_tokens: np.ndarray, train: pl.DataFrame) -> Ranker:
+    """What validation needs to rank as gencli serves: the content side (embed's item vectors), each item's
+    first-code group and training target count. InputError when embed and quantize disagree on the catalog."""
+    if len(embeddings) != len(item_tokens):
+        raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
+                         f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
+    return Ranker(ContentScorer(embeddings), first_groups(item_tokens),
+                  counts=tables.train_target_counts(train, len(item_tokens)))
+
+
 def run(
     cfg: TrainConfig,
     model_dir: Path,
@@ -235,10 +254,8 @@ def run(
     and a valid split, validation ranks as gencli serves (:func:`validation`) and ``blend.json`` holds the blends of
     model and content fitted on the valid users for each seen-item policy. Returns final and peak metrics."""
     out_dir = Path(out_dir)
-    vocab = load_sid_vocab(vocab_path)
-    item_tokens = item_token_ids(item_codes, vocab)
     valid = valid if valid is not None and valid.height > 0 else None
-    check_frames(train, valid, len(item_tokens))
+    vocab, item_tokens = load_sids(vocab_path, item_codes, train, valid)
     dataset = SftExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.max_prefixes, cfg.samples)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so sft has no sample; "
@@ -247,13 +264,7 @@ def run(
     model, tokenizer = load_model(model_dir, device, torch.float32)
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
-    ranker = None
-    if embeddings is not None and valid is not None:
-        if len(embeddings) != len(item_tokens):
-            raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
-                             f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
-        ranker = Ranker(ContentScorer(embeddings), first_groups(item_tokens),
-                        counts=tables.train_target_counts(train, len(item_tokens)))
+    ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train)
     evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     if cfg.patience > 0:
