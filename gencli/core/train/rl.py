@@ -36,19 +36,9 @@ from gencli.errors import InputError
 EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
 
 
-def run(
-    cfg: TrainConfig,
-    model_dir: Path,
-    vocab_path: Path,
-    item_codes: np.ndarray,
-    train: pl.DataFrame,
-    valid: pl.DataFrame | None,
-    embeddings: np.ndarray,
-    out_dir: Path,
-    progress: Progress = SILENT,
-    resume: bool = False,
-    events: tuple[np.ndarray, np.ndarray] | None = None,
-) -> dict[str, Any]:
+def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
+        valid: pl.DataFrame | None, embeddings: np.ndarray, out_dir: Path, progress: Progress = SILENT,
+        resume: bool = False, events: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
     ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``cfg.max_history`` is the prompt
     length sft trained with. Returns the summary metrics."""
