@@ -13,19 +13,22 @@ from gencli import steps
 from gencli.threads import thread_problem
 from gencli.version import __version__
 
-# command name -> (module under gencli.cli, function name), from the step registry (gencli/steps.py).
-# Nothing heavy is imported until a command runs.
-COMMANDS: dict[str, tuple[str, str]] = steps.commands()
-
-
 class LazyGroup(click.Group):
+    """The commands of the step registry (gencli/steps.py), read when asked: nothing heavy is imported until a
+    command runs. A row names its command's module under gencli.cli; a row without one gets a generated command."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return list(steps.commands())
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
+        commands = steps.commands()
+        if name not in commands:
             return None
-        module, attr = COMMANDS[name]
+        module, attr = commands[name]
+        if not module:
+            from gencli.cli.common import step_command
+
+            return step_command(name)
         return getattr(importlib.import_module(f"gencli.cli.{module}"), attr)
 
     def invoke(self, ctx: click.Context):

@@ -120,6 +120,24 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
     return outcome.metrics
 
 
+def step_command(name: str) -> click.Command:
+    """The command of a registry row that names no command module: its config's options, --workdir, --json,
+    --force, --verbose (and --resume for a resumable step), the row's ``help``; it runs the step."""
+    from gencli.cli.options import config_options
+    from gencli.steps import STEPS
+
+    entry = STEPS[name]
+
+    def command(workdir, json_mode, force, resume=False, **options):
+        run_step(name, config(name, json_mode, options), workdir, json_mode, force, resume)
+
+    command = step_options(command)
+    if entry.resumable:
+        command = click.option("--resume", is_flag=True, help="Continue an interrupted run from where it stopped.")(
+            command)
+    return click.command(name, help=entry.help or None)(config_options(name)(command))
+
+
 def refuse_torchrun(command: str, json_mode: bool) -> None:
     """Under torchrun, a command that runs in one process (every one but the registry's distributed steps) stops before
     any work: rank 0 says so once with exit 2; the other ranks leave quietly (a rank failing first would make

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 import pytest
 
-from gencli.cli import COMMANDS, cli
+from gencli import steps
+from gencli.cli import cli
 from gencli.steps import REGISTRY, STEPS, model_candidates, model_steps, pipeline_steps, step_order
 
 
@@ -26,7 +27,7 @@ def test_model_steps_and_what_auto_tries():
 
 def test_every_available_command_resolves_and_plain_commands_are_not_steps():
     ctx = click.Context(cli, info_name="gencli")
-    assert set(cli.list_commands(ctx)) == set(COMMANDS)
+    assert set(cli.list_commands(ctx)) == set(steps.commands())
     for name in cli.list_commands(ctx):
         assert isinstance(cli.get_command(ctx, name), click.Command), name
     for name in ("run", "status", "models"):
@@ -62,3 +63,17 @@ def test_auto_picks_the_most_trained_model_step_the_consumer_may_read(tmp_path):
     _done(tmp_path, "sft", digest="sft trained again")  # rl refines a model that is no longer sft's
     assert ws.pick_model("auto", "eval") == "sft"
     assert ws.pick_model("rl", "eval") == "rl"  # asked for by name: still there
+
+
+def test_the_lists_of_steps_elsewhere_are_read_from_the_rows():
+    """torchrun, promotion, `gencli run` overrides, STAMP's training options and --model-step all come from the
+    registry's rows (one place for a step's facts)."""
+    from gencli.config import MODEL_STEP_CHOICES, TRAIN_TASKS, TRAINING
+
+    assert steps.distributed_steps() == ("embed", "cpt", "sft", "rl", "eval", "cold-eval", "recommend")
+    assert steps.serving_steps() == ("recommend",)
+    assert steps.overridden_by("seed") == ("quantize", "init-vocab", "cpt", "sft", "rl")
+    assert steps.overridden_by("init") == steps.overridden_by("model") == ("init-vocab",)
+    assert TRAINING == steps.token_training_steps() == ("cpt", "sft") and TRAIN_TASKS == ("cpt", "sft", "rl")
+    assert MODEL_STEP_CHOICES == ("auto", "rl", "sft", "cpt", "init-vocab")
+    assert [s.name for s in REGISTRY if s.retrain] == ["embed", "init-vocab", "sft", "rl"]
