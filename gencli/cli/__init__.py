@@ -13,6 +13,7 @@ from gencli import steps
 from gencli.threads import thread_problem
 from gencli.version import __version__
 
+
 class LazyGroup(click.Group):
     """The commands of the step registry (gencli/steps.py), read when asked: nothing heavy is imported until a
     command runs. A row names its command's module under gencli.cli; a row without one gets a generated command."""

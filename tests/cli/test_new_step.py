@@ -11,11 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from workdirs import run
 
 from gencli import steps
 from gencli.cli import cli
 from gencli.config.base import Checks, option, seed_option
-from workdirs import run
 
 
 @dataclass(frozen=True)
