@@ -44,11 +44,12 @@ def probe(compare, model_step, workdir, json_mode, force, **options):
 
 def _compare(workdirs: tuple[Path, Path], model_step: str, json_mode: bool) -> None:
     """--compare A B: the delta table B - A (the seed paper's Table 2)."""
+    from gencli.core import probe as core
     from gencli.errors import GencliError
-    from gencli.flow.probe import compare_workdirs
 
     try:
-        result = compare_workdirs(*workdirs, model_step)
+        a, b = (core.load_probe(w) for w in workdirs)
+        result = {"a": str(workdirs[0]), "b": str(workdirs[1]), **core.compare(a, b, model_step)}
     except GencliError as e:
         fail(e, json_mode)
     if json_mode:
