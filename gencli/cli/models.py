@@ -30,17 +30,9 @@ def list_cmd(json_mode):
 
         emit_json({"models": rows})
         return
-    from rich.table import Table
+    from gencli.ui.tables import print_models
 
-    from gencli.ui.output import console
-
-    table = Table(title="gencli backbones")
-    for col in ("preset", "available", "path", "description"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["preset"], "yes" if r["pulled"] else "no: gencli models pull " + r["preset"],
-                      r["path"] or "(built per workdir)", r["description"])
-    console().print(table)
+    print_models(rows)
 
 
 @models.command("pull")

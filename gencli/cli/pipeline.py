@@ -90,35 +90,10 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
     if json_mode:
         emit_json(report.as_json())
     else:
-        _print_results(root, report)
+        from gencli.flow.pipeline import run_examples
+        from gencli.ui.pipeline import print_run_end
+
+        print_run_end(root, report, run_examples(report, root))
     if report.exit_code:
         sys.exit(report.exit_code)
 
-
-def _print_results(root: Path, report) -> None:
-    """The end of a run on a terminal: one table per evaluation, a few users' recommendations, retrain, promotion."""
-    from gencli.ui.evaluation import evaluation_table
-    from gencli.ui.output import console
-
-    c = console()
-    c.print(f"\n[bold green]pipeline finished[/bold green] in {report.seconds:.1f}s (workdir {root})", soft_wrap=True)
-    for i, (step, metrics) in enumerate(report.results.items()):
-        c.print("")
-        c.print(evaluation_table(step, metrics, str(root / step), legend=i == 0, detail=False))
-    if any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps):
-        from gencli.flow.query import examples
-        from gencli.ui.recommendations import show_examples
-
-        shown = examples(root)
-        if shown is not None:
-            show_examples(shown)  # what the tool is for: a few users' history and their top 5
-    if "retrain" in report.extra:
-        r = report.extra["retrain"]
-        c.print(f"retrain from {r['previous']}: items kept {r.get('items_kept', '-')}, added "
-                f"{r.get('items_added', '-')}, removed {r.get('items_removed', '-')}, SID changed "
-                f"{r.get('sid_changed', '-')}; embedded {r.get('embed.items_encoded', '-')} (reused "
-                f"{r.get('embed.items_reused', '-')}); init-vocab warm start from {r.get('init-vocab.warm_start_from')}")
-    if report.extra.get("promotion"):
-        p = report.extra["promotion"]
-        verdict = "[green]promoted[/green]" if p["promoted"] else "[yellow]not promoted[/yellow] (exit 4)"
-        c.print(f"{verdict}: {p['reason']}; bundle {p['bundle']}")

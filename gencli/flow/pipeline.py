@@ -11,10 +11,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED, storage_message
 from gencli.flow.plan import Plan
+
+if TYPE_CHECKING:
+    from gencli.flow.query import Examples
 
 """Steps whose output batch consumers take as what serves: with --promote they run after a promotion, and not at
 all when the run is not promoted."""
@@ -155,3 +158,13 @@ def summary_line(steps: list[dict[str, Any]], promotion: dict[str, Any] | None) 
         return f"steps: {listed}"
     verdict = "promoted" if promotion["promoted"] else "not promoted"
     return f"steps: {listed}; promotion: {verdict} ({promotion['reason']})"
+
+
+def run_examples(report: Report, workdir: Path) -> Examples | None:
+    """A few users' history and top items to show at the end of a run (:func:`gencli.flow.query.examples`); None when
+    the run's recommend step did not run (not in its steps, or skipped as not promoted) or its lists are not current."""
+    if not any(s["step"] == "recommend" and s["status"] != "skipped" for s in report.steps):
+        return None
+    from gencli.flow.query import examples
+
+    return examples(workdir)

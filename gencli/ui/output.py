@@ -16,7 +16,8 @@ def emit_json(payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
+    """A value in a table: a float to 4 significant digits (1,234 from 1e3 on), an int with thousands separators."""
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e3 else f"{v:,.0f}"
     if isinstance(v, int) and not isinstance(v, bool):
@@ -43,7 +44,7 @@ def metrics_table(title: str, metrics: dict[str, Any]):
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in flatten(metrics).items():
-        table.add_row(k, "-" if v is None else _fmt(v))
+        table.add_row(k, "-" if v is None else fmt(v))
     return table
 
 
@@ -64,9 +65,9 @@ def key_metrics_text(values: dict[str, Any]) -> str:
         if name.startswith(("recall@", "ndcg@")):
             name = name.replace("recall@", "R@").replace("ndcg@", "N@")
         if block and block == group:
-            parts[-1] += f" {name}={_fmt(value)}"
+            parts[-1] += f" {name}={fmt(value)}"
         else:
-            parts.append(f"{block.replace('_', ' ')} {name}={_fmt(value)}" if block else f"{name}={_fmt(value)}")
+            parts.append(f"{block.replace('_', ' ')} {name}={fmt(value)}" if block else f"{name}={fmt(value)}")
         group = block
     return ", ".join(parts)
 

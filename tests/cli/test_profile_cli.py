@@ -66,13 +66,13 @@ def test_profile_rejects_unknown_variants_and_missing_upstream(tiny_workdir, tmp
 
 def test_the_memory_table_shows_more_memory_as_a_plus(capsys):
     """`profile --variants base,stamp` printed "peak -%" = -34% for 34% *more* memory; the column is the change."""
-    from gencli.cli.profile import _print_table
+    from gencli.ui.tables import print_profile
 
     rows = [{"variant": "base", "tokens_per_s": 100.0, "speedup": 1.0, "peak_mem_mb": 100.0, "mem_reduction": 0.0,
              "activation_mb": 50.0, "activation_reduction": 0.0, "loss": 1.0},
             {"variant": "stamp", "tokens_per_s": 90.0, "speedup": 0.9, "peak_mem_mb": 134.0, "mem_reduction": -0.34,
              "activation_mb": 40.0, "activation_reduction": 0.2, "loss": 1.1}]
-    _print_table({"steps": 2, "batch_size": 4, "device": "cpu", "mean_tokens_per_sample": 10, "reference": "base",
+    print_profile({"steps": 2, "batch_size": 4, "device": "cpu", "mean_tokens_per_sample": 10, "reference": "base",
                   "variants": rows})
     out = capsys.readouterr().out
     stamp = next(line for line in out.splitlines() if "stamp" in line and "134" in line)

@@ -89,3 +89,13 @@ def test_status_key_metrics_come_from_the_step_record(workdir):
     assert rows["sft"]["key_metrics"]["peak_recall@5"] == sft["peak_recall@5"]
     assert rows["sft"]["key_metrics"]["steps"] == sft["steps"] == 2
     assert rows["cpt"]["key_metrics"]["train_loss"] == cpt["train_loss"] > 0
+
+
+def test_status_names_the_workdir_by_its_absolute_path(workdir, monkeypatch):
+    """`status --workdir work --json` printed "work": a script reading it from elsewhere needs where it is."""
+    monkeypatch.chdir(workdir.parent)
+    result = CliRunner().invoke(cli, ["status", "--workdir", workdir.name, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["workdir"] == str(workdir.resolve())
+    table = CliRunner().invoke(cli, ["status", "--workdir", workdir.name], env={"COLUMNS": "400"})
+    assert f"gencli workdir {workdir.name} " in table.output  # the table keeps the path as given
