@@ -19,9 +19,6 @@ from gencli.flow.plan import Plan
 if TYPE_CHECKING:
     from gencli.flow.query import Examples
 
-"""Steps whose output batch consumers take as what serves: with --promote they run after a promotion, and not at
-all when the run is not promoted."""
-
 
 @dataclass
 class Report:
