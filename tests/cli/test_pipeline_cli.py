@@ -15,49 +15,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from nights import ingest, night, pipeline_toml
 
 from gencli.cli import cli
 
-PIPELINE = """
-steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
-[ingest]
-items = "DATA/items.csv"
-interactions = "DATA/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 3
-codes = 16
-[init-vocab]
-model = "tiny"
-init = "centroid"
-[cpt]
-max-steps = 6
-batch-size = 16
-[sft]
-max-steps = 12
-batch-size = 16
-eval-every = 6
-eval-users = 20
-eval-beams = 5
-max-history = 5
-[rl]
-max-steps = 4
-batch-size = 8
-eval-every = 2
-eval-users = 20
-rollouts = 4
-negatives = 2
-[eval]
-beams = 5
-k = "1,5"
-max-users = 40
-[cold-eval]
-max-train-count = 1
-beams = 5
-k = "1,5"
-max-history = 5
-"""
+STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
+TABLES = {
+    "quantize": {"levels": 3, "codes": 16}, "init-vocab": {"model": "tiny", "init": "centroid"},
+    "cpt": {"max-steps": 6, "batch-size": 16},
+    "sft": {"max-steps": 12, "batch-size": 16, "eval-every": 6, "eval-users": 20, "eval-beams": 5, "max-history": 5},
+    "rl": {"max-steps": 4, "batch-size": 8, "eval-every": 2, "eval-users": 20, "rollouts": 4, "negatives": 2},
+    "eval": {"beams": 5, "k": "1,5", "max-users": 40},
+    "cold-eval": {"max-train-count": 1, "beams": 5, "k": "1,5", "max-history": 5},
+}
 
 
 def _json(result):
@@ -70,8 +40,7 @@ def piped(small_sample, small_embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipe")
     wd = root / "work"
     shutil.copytree(small_embedded, wd)
-    config = root / "pipeline.toml"
-    config.write_text(PIPELINE.replace("DATA", str(small_sample.folder)))
+    config = night(root, pipeline_toml(STEPS_RUN, {"ingest": ingest(small_sample.folder), **TABLES}))
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0, result.output
     return root, wd, config, _json(result)
