@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import tiny_qwen3
+from factories import random_codes, tiny_qwen3, write_sid_vocab
 
 from gencli.core import artifacts
 
@@ -35,12 +35,9 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("serve-bundles")
-    offsets = np.cumsum([BASE, *LEVELS[:-1]])
-    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, LEVELS, strict=True)]
-    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
-                                                        "pad_id": 0, "base_vocab_size": BASE}))
+    write_sid_vocab(root, LEVELS, BASE)
     rng = np.random.default_rng(0)
-    codes = np.unique(np.stack([rng.integers(0, k, 200) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    codes = random_codes(rng, LEVELS, N_ITEMS, 200)
     ids = [f"i{i:03d}" for i in range(N_ITEMS)]
     titles = [f"Title {i}" for i in range(N_ITEMS)]
     out = {}
