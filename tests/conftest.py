@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# the serving fixtures (bundles, recommenders, users, serving, relink), used by tests/core/serve, tests/server and
+# tests/bench: a conftest of their own would be seen by one folder only
+pytest_plugins = ["servers"]
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
 

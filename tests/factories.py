@@ -149,18 +149,30 @@ def count_items(cfg, inputs, out_dir, progress) -> dict:
     return {"items": inputs.items().height}
 
 
+def write_sid_vocab(folder: Path, levels: Sequence[int], base: int) -> list[list[int]]:
+    """``folder``/sid_vocab.json: SID tokens numbered from ``base`` on, level after level (bos 1, eos 2, pad 0);
+    returns their ids by level."""
+    offsets = np.cumsum([base, *levels[:-1]])
+    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, levels, strict=True)]
+    (folder / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
+                                                          "pad_id": 0, "base_vocab_size": base}))
+    return token_ids
+
+
+def random_codes(rng: np.random.Generator, levels: Sequence[int], n_items: int, draws: int) -> np.ndarray:
+    """The first ``n_items`` distinct (sorted) of ``draws`` random SIDs drawn level by level from ``rng``."""
+    return np.unique(np.stack([rng.integers(0, k, draws) for k in levels], axis=1), axis=0)[:n_items]
+
+
 def tiny_bundle(root: Path, n_items: int = 40, levels: Sequence[int] = (4, 4, 3), base: int = 30,
                 users: int = 12, embeddings: bool = True) -> Path:
     """``root/bundle``: a tiny random Qwen3 over an ``n_items`` catalog, written by ``write_bundle`` with
     ``users`` seeded histories (users.parquet) and, with ``embeddings``, unit item vectors (embeddings.npy)."""
     from gencli.core.infer import bundle
 
-    offsets = np.cumsum([base, *levels[:-1]])
-    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, levels, strict=True)]
-    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
-                                                        "pad_id": 0, "base_vocab_size": base}))
+    write_sid_vocab(root, levels, base)
     rng = np.random.default_rng(0)
-    codes = np.unique(np.stack([rng.integers(0, k, 8 * n_items) for k in levels], axis=1), axis=0)[:n_items]
+    codes = random_codes(rng, levels, n_items, 8 * n_items)
     tiny_qwen3(base + sum(levels)).save_pretrained(root / "model")
     vectors = rng.normal(size=(n_items, 8)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)

@@ -6,29 +6,17 @@ import json
 
 import pytest
 from bench_runner import run_bench
+from nights import night, pipeline_toml
 
-PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft"]
-promote-users = 50
-[ingest]
-items = "unused.csv"
-interactions = "unused.csv"
-[quantize]
-levels = 2
-codes = 8
-[init-vocab]
-model = "tiny"
-[sft]
-max-steps = 6
-batch-size = 16
-eval-users = 20
-eval-beams = 5
-"""
+PIPELINE = pipeline_toml(["ingest", "embed", "quantize", "init-vocab", "sft"], {
+    "ingest": {"items": "unused.csv", "interactions": "unused.csv"}, "quantize": {"levels": 2, "codes": 8},
+    "init-vocab": {"model": "tiny"}, "sft": {"max-steps": 6, "batch-size": 16, "eval-users": 20, "eval-beams": 5}},
+    top={"promote-users": 50})
 
 
 @pytest.mark.slow  # two small nights in fresh interpreters, then recommend and eval three ways
 def test_new_items_counts_them_in_each_ranking(tmp_path):
-    (tmp_path / "pipeline.toml").write_text(PIPELINE)
-    run_bench("bench/new_items.py", "--config", str(tmp_path / "pipeline.toml"), "--eval-users", "300",
+    run_bench("bench/new_items.py", "--config", str(night(tmp_path, PIPELINE)), "--eval-users", "300",
               env={"GENCLI_BENCH_CACHE": str(tmp_path / "cache")})
     result = json.loads((tmp_path / "cache" / "new_items" / "default" / "result.json").read_text())
     assert result["new_items"] > 0 and result["users"] == 800

@@ -11,7 +11,6 @@ folder; the test adds only DAY= (two nights on one calendar day) and THREADS=1 t
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import json
 import os
@@ -26,30 +25,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from nights import cut_day, ingest, pipeline_toml, small_night
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DOC = CHECKOUT / "docs" / "cron.md"
 CUT = 1686300000  # whole-sample day 1: events before this (about 3/4 of the sample)
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}"
-SMALL = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "recommend"]
-[ingest]
-items = "export/items.csv"
-interactions = "export/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 2
-codes = 4
-[init-vocab]
-model = "tiny"
-[sft]
-max-steps = 2
-batch-size = 8
-eval-users = 10
-eval-beams = 5
-[recommend]
-k = 3
-"""
+SMALL = small_night("export", recommend={"k": 3})
 
 
 def nightly_script() -> str:
@@ -96,25 +78,6 @@ def cron(root: Path, day: str, wait: bool = True):
     return subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=1200)
 
 
-def export_day(root: Path, source: Path, cut: int | None = None, n_items: int | None = None) -> None:
-    """Tonight's export: the events before ``cut`` (or those with the first ``n_items`` items) and the items they touch."""
-    with open(source / "interactions.csv", newline="", encoding="utf-8") as f:
-        events = list(csv.reader(f))
-    with open(source / "items.csv", newline="", encoding="utf-8") as f:
-        items = list(csv.reader(f))
-    if n_items is not None:
-        keep = {r[0] for r in items[1 : n_items + 1]}
-        events = [events[0], *(r for r in events[1:] if r[1] in keep)]
-    if cut is not None:
-        events = [events[0], *(r for r in events[1:] if int(r[2]) < cut)]
-    if cut is not None or n_items is not None:
-        touched = {r[1] for r in events[1:]}
-        items = [items[0], *(r for r in items[1:] if r[0] in touched)]
-    for name, rows in (("items.csv", items), ("interactions.csv", events)):
-        with open(root / "export" / name, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(rows)
-
-
 def log_lines(root: Path, name: str) -> list[str]:
     return (root / "logs" / name).read_text(encoding="utf-8").splitlines()
 
@@ -130,9 +93,8 @@ def test_night_one_on_a_fresh_machine_under_crons_environment(small_sample, tmp_
     finds the lock held is skipped and says so."""
     root = tmp_path / "reco"
     root.mkdir()
-    fresh_root(root, 'steps = ["ingest"]\n[ingest]\nitems = "export/items.csv"\n'
-                     'interactions = "export/interactions.csv"\nuser-core = 3\nitem-core = 0\n')
-    export_day(root, small_sample.folder)
+    fresh_root(root, pipeline_toml(["ingest"], {"ingest": ingest("export")}))
+    cut_day(small_sample.folder, root / "export")
     first = cron(root, "d1")
     assert first.returncode == 2, first.stderr  # 127 was "gencli: command not found", 1 "logs: Directory nonexistent"
     assert first.stdout == "" and first.stderr == f"night d1: exit 2, see {root}/logs/d1.log\n"  # what cron mails
@@ -178,7 +140,7 @@ def test_two_nights_a_killed_and_a_skipped_one_and_another_account_serves(small_
     root = shared_root
     root.mkdir()
     fresh_root(root, SMALL)
-    export_day(root, small_sample.folder, n_items=30)
+    cut_day(small_sample.folder, root / "export", items=30)
     night1 = cron(root, "day1")
     assert night1.returncode == 0, night1.stderr + (root / "logs" / "day1.log").read_text()
     lines = log_lines(root, "day1.log")
@@ -188,7 +150,7 @@ def test_two_nights_a_killed_and_a_skipped_one_and_another_account_serves(small_
                                 r"\(nothing promoted yet\)", lines[-1]), lines[-1]
     assert any("embedding items: started" in line for line in lines)
 
-    export_day(root, small_sample.folder)  # day 2: every item, every event
+    cut_day(small_sample.folder, root / "export")  # day 2: every item, every event
     with open(root / ".nightly.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         assert cron(root, "day2").returncode == 3  # skipped: the lock is held
@@ -254,13 +216,13 @@ def test_the_documented_nightly_script_on_two_nights_of_the_sample(sample_dir, t
     assert "export/items.csv" in config and "max-steps = 30" in config and config.count("max-users = 200") == 2
     fresh_root(root, config)
 
-    export_day(root, sample_dir, cut=CUT)
+    cut_day(sample_dir, root / "export", before=CUT)
     rc1 = cron(root, "day1").returncode
     night1 = night_json(root, "day1")
     assert rc1 == 0 and night1["promotion"]["promoted"] and night1["promotion"]["reason"] == "nothing promoted yet"
     assert "retrain" not in night1  # the first night starts fresh
 
-    export_day(root, sample_dir)
+    cut_day(sample_dir, root / "export")
     rc2 = cron(root, "day2").returncode
     night2 = night_json(root, "day2")
     runs = root / "runs"

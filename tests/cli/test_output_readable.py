@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from nights import QUICK, SMALL_STEPS, ingest, night, pipeline_toml
 
 from gencli.cli import cli
 from gencli.ui.evaluation import policies, rows
@@ -24,35 +25,11 @@ RANKING = ("eval", "cold-eval")
 
 def _pipeline(sample, root: Path) -> Path:
     """The steps of ``trained_small`` (so they are up to date), then eval, cold-eval and recommend."""
-    config = root / "pipeline.toml"
-    config.write_text(f"""
-steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "eval", "cold-eval", "recommend"]
-[ingest]
-items = "{sample.folder / 'items.csv'}"
-interactions = "{sample.folder / 'interactions.csv'}"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 2
-codes = 4
-[init-vocab]
-model = "tiny"
-[sft]
-max-steps = 2
-eval-users = 5
-save-every = 1
-keep-checkpoints = 2
-[eval]
-beams = 10
-k = "5,10"
-[cold-eval]
-beams = 10
-k = "5,10"
-max-train-count = 1
-[recommend]
-k = 5
-""")
-    return config
+    ranking = {"beams": 10, "k": "5,10"}
+    return night(root, pipeline_toml([*SMALL_STEPS, *RANKING, "recommend"], {
+        "ingest": ingest(sample.folder), **QUICK, "sft": {"max-steps": 2, "eval-users": 5, "save-every": 1,
+                                                          "keep-checkpoints": 2},
+        "eval": ranking, "cold-eval": {**ranking, "max-train-count": 1}, "recommend": {"k": 5}}))
 
 
 @pytest.fixture(scope="module")

@@ -15,49 +15,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from nights import ingest, night, pipeline_toml
 
 from gencli.cli import cli
 
-PIPELINE = """
-steps = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
-[ingest]
-items = "DATA/items.csv"
-interactions = "DATA/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 3
-codes = 16
-[init-vocab]
-model = "tiny"
-init = "centroid"
-[cpt]
-max-steps = 6
-batch-size = 16
-[sft]
-max-steps = 12
-batch-size = 16
-eval-every = 6
-eval-users = 20
-eval-beams = 5
-max-history = 5
-[rl]
-max-steps = 4
-batch-size = 8
-eval-every = 2
-eval-users = 20
-rollouts = 4
-negatives = 2
-[eval]
-beams = 5
-k = "1,5"
-max-users = 40
-[cold-eval]
-max-train-count = 1
-beams = 5
-k = "1,5"
-max-history = 5
-"""
+STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "eval", "cold-eval"]
+TABLES = {
+    "quantize": {"levels": 3, "codes": 16}, "init-vocab": {"model": "tiny", "init": "centroid"},
+    "cpt": {"max-steps": 6, "batch-size": 16},
+    "sft": {"max-steps": 12, "batch-size": 16, "eval-every": 6, "eval-users": 20, "eval-beams": 5, "max-history": 5},
+    "rl": {"max-steps": 4, "batch-size": 8, "eval-every": 2, "eval-users": 20, "rollouts": 4, "negatives": 2},
+    "eval": {"beams": 5, "k": "1,5", "max-users": 40},
+    "cold-eval": {"max-train-count": 1, "beams": 5, "k": "1,5", "max-history": 5},
+}
 
 
 def _json(result):
@@ -70,8 +40,7 @@ def piped(small_sample, small_embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("pipe")
     wd = root / "work"
     shutil.copytree(small_embedded, wd)
-    config = root / "pipeline.toml"
-    config.write_text(PIPELINE.replace("DATA", str(small_sample.folder)))
+    config = night(root, pipeline_toml(STEPS_RUN, {"ingest": ingest(small_sample.folder), **TABLES}))
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0, result.output
     return root, wd, config, _json(result)
@@ -194,7 +163,7 @@ def _kill_and_resume(wd0: Path, tmp_path: Path, step: str, args, kill_at: int):
     return expected, got, straight, killed
 
 
-@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/test_engine.py
+@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/train/test_engine.py
 def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an rl mid-run and rerun the same command: the metrics and weights of an uninterrupted run."""
     expected, got, straight, killed = _kill_and_resume(piped[1], tmp_path, "rl", _rl_args, 7)
@@ -204,7 +173,7 @@ def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
         assert (killed / "rl" / "model" / name).read_bytes() == (straight / "rl" / "model" / name).read_bytes()
 
 
-@pytest.mark.slow  # ~30 s of subprocesses; tests/core/test_engine.py's resume tests cover the engine in-process
+@pytest.mark.slow  # ~30 s of subprocesses; tests/core/train/test_engine.py's resume tests cover the engine in-process
 def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an sft mid-run, rerun the same command (what cron does), and get exactly the metrics of an
     uninterrupted run."""

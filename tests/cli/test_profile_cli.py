@@ -37,7 +37,7 @@ def test_profile_is_a_workspace_step_with_a_json_and_a_table(tiny_workdir):
     assert payload["status"] == "done" and payload["metrics"]["model_step"] == "init-vocab"
     rows = payload["metrics"]["variants"]
     assert [row["variant"] for row in rows] == ["base", "stamp"] and rows[0]["speedup"] == 1.0
-    assert rows[1]["tokens"] == rows[0]["tokens"]  # the same batches (STAMP's memory saving: tests/core/test_profile.py)
+    assert rows[1]["tokens"] == rows[0]["tokens"]  # the same batches (STAMP's memory saving: tests/core/train/test_profile.py)
     # --stamp-layer 0 (the default) resolves to a quarter of the tiny preset's 4 layers, at least 2
     assert rows[1]["stamp_layer"] == 2 and payload["metrics"]["stamp_settings"]["stamp_layer"] == 2
     saved = json.loads((wd / "profile" / "profile.json").read_text())

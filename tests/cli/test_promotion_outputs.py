@@ -10,7 +10,6 @@ share of their targets it knows (29 of 44); an all but untrained night-2 model o
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -18,44 +17,17 @@ import re
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from nights import night, small_night
 
 from gencli.cli import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "recommend"]
-[ingest]
-items = "data/items.csv"
-interactions = "data/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 2
-codes = 4
-[init-vocab]
-model = "tiny"
-[sft]
-max-steps = 2
-batch-size = 8
-eval-users = 10
-eval-beams = 5
-[recommend]
-k = 3
-"""
+PIPELINE = small_night(recommend={"k": 3})
 
 
-def _write(path, rows):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(rows)
-
-
-def _read(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.reader(f))
-
-
-def _run(root, night: str, *extra):
-    result = CliRunner().invoke(cli, ["run", str(root / "pipeline.toml"), "--workdir", str(root / night),
+def _run(root, workdir: str, *extra):
+    result = CliRunner().invoke(cli, ["run", str(root / "pipeline.toml"), "--workdir", str(root / workdir),
                                       "--promote", str(root / "current"), "--json", *extra])
     return result, json.loads(result.stdout)
 
@@ -66,9 +38,6 @@ def nights(small_sample, tmp_path_factory):
     ci = os.environ.pop("CI", None)
     try:
         root = tmp_path_factory.mktemp("promotion")
-        (root / "data").mkdir()
-        (root / "pipeline.toml").write_text(PIPELINE)
-        items, events = _read(small_sample.folder / "items.csv"), _read(small_sample.folder / "interactions.csv")
         probe = root / "probe"  # night 2's validation targets, as ingest splits them
         result = CliRunner().invoke(cli, [*small_sample.ingest_args(), "--workdir", str(probe), "--json"])
         assert result.exit_code == 0, result.output
@@ -76,18 +45,14 @@ def nights(small_sample, tmp_path_factory):
         ids = pl.read_parquet(probe / "ingest" / "items.parquet")["item_id"].to_list()
         counts = valid["target"].value_counts().sort(["count", "target"], descending=[True, False])
         top = {ids[i] for i in counts["target"].head(12).to_list()}
-        day1 = ([items[0], *(r for r in items[1:] if r[0] in top)], [events[0], *(r for r in events[1:] if r[1] in top)])
-        for name, rows in zip(("items.csv", "interactions.csv"), day1, strict=True):
-            _write(root / "data" / name, rows)
+        night(root, PIPELINE, small_sample.folder, items=top)
         night1 = _run(root, "night1")
         kept = set(pl.read_parquet(root / "night1" / "ingest" / "items.parquet")["item_id"].to_list())
         assert len(kept) <= 10  # the bundle's top 10 is all it has
         share = sum(ids[t] in kept for t in valid["target"].to_list()) / valid.height
-        _write(root / "data" / "items.csv", items)
-        _write(root / "data" / "interactions.csv", events)
+        night(root, PIPELINE, small_sample.folder)
         night2 = _run(root, "night2")
-        for name, rows in zip(("items.csv", "interactions.csv"), day1, strict=True):
-            _write(root / "data" / name, rows)
+        night(root, PIPELINE, small_sample.folder, items=top)
         again = _run(root, "night1")  # night 1 rerun: its bundle still serves, a no-op that the trail records
         yield root, share, night1, night2, again
     finally:

@@ -3,7 +3,6 @@ promotion, and ``run --json`` printing exactly one object."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from nights import night, small_night
 from safetensors.torch import load_file
 
 from gencli.cli import cli
@@ -19,57 +19,9 @@ from gencli.core.infer.promote import decide
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PIPELINE = """steps = ["ingest", "embed", "quantize", "init-vocab", "sft", "rl"]
-[ingest]
-items = "data/items.csv"
-interactions = "data/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-levels = 2
-codes = 4
-[init-vocab]
-model = "tiny"
-[sft]
-max-steps = 2
-batch-size = 8
-eval-users = 10
-eval-beams = 5
-[rl]
-max-steps = 2
-batch-size = 4
-eval-users = 10
-rollouts = 4
-negatives = 2
-"""
+PIPELINE = small_night(rl={"max-steps": 2, "batch-size": 4, "eval-users": 10, "rollouts": 4, "negatives": 2})
 DAY1_ITEMS = 30
 EDITED = "i0003"
-
-
-def _write(path, rows):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(rows)
-
-
-def _read(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.reader(f))
-
-
-def _day(root, small_sample, day):
-    """Day 1: the first 30 items and their events; day 2: all 40 items (one title edited) and all events."""
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    items, events = _read(small_sample.folder / "items.csv"), _read(small_sample.folder / "interactions.csv")
-    if day == 1:
-        items = items[: DAY1_ITEMS + 1]
-        keep = {r[0] for r in items[1:]}
-        events = [events[0], *(r for r in events[1:] if r[1] in keep)]
-    else:
-        items = [[*r[:1], r[1] + " (2nd edition)", *r[2:]] if r[0] == EDITED else r for r in items]
-    _write(data / "items.csv", items)
-    _write(data / "interactions.csv", events)
-    (root / "pipeline.toml").write_text(PIPELINE)
 
 
 def _run(*args):
@@ -86,10 +38,10 @@ def _sids(workdir):
 def two_days(small_sample, tmp_path_factory):
     root = tmp_path_factory.mktemp("retrain")
     link = root / "current"
-    _day(root, small_sample, 1)
+    night(root, PIPELINE, small_sample.folder, items=DAY1_ITEMS)  # day 1: the first 30 items and their events
     r1, day1 = _run(str(root / "pipeline.toml"), "--workdir", str(root / "day1"), "--promote", str(link))
     assert r1.exit_code == 0, r1.output
-    _day(root, small_sample, 2)
+    night(root, PIPELINE, small_sample.folder, edit={EDITED: " (2nd edition)"})  # day 2: all (one title edited)
     r2, day2 = _run(str(root / "pipeline.toml"), "--workdir", str(root / "day2"), "--previous", str(link),
                     "--promote", str(link))
     return root, link, (r1, day1), (r2, day2)

@@ -7,43 +7,19 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
+from nights import ingest, night, pipeline_toml
 
 from gencli.cli import cli
 from gencli.steps import STEPS, step_order
 
 STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", "cold-eval", "profile"]
 
-PIPELINE = f"""
-steps = {json.dumps(STEPS_RUN)}
-[ingest]
-items = "DATA/items.csv"
-interactions = "DATA/interactions.csv"
-user-core = 3
-item-core = 0
-[quantize]
-codes = 8
-[cpt]
-max-steps = 2
-batch-size = 8
-[sft]
-max-steps = 2
-batch-size = 8
-eval-users = 10
-eval-beams = 5
-max-history = 4
-[eval]
-beams = 10
-k = "5,10"
-max-users = 10
-[cold-eval]
-beams = 10
-k = "5,10"
-max-users = 10
-[profile]
-variants = "base"
-steps = 1
-warmup-steps = 0
-"""
+TABLES = {
+    "quantize": {"codes": 8}, "cpt": {"max-steps": 2, "batch-size": 8},
+    "sft": {"max-steps": 2, "batch-size": 8, "eval-users": 10, "eval-beams": 5, "max-history": 4},
+    "eval": {"beams": 10, "k": "5,10", "max-users": 10}, "cold-eval": {"beams": 10, "k": "5,10", "max-users": 10},
+    "profile": {"variants": "base", "steps": 1, "warmup-steps": 0},
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +27,7 @@ def workdir(small_sample, small_embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("status")
     wd = root / "work"
     shutil.copytree(small_embedded, wd)  # ingest and embed are up to date
-    config = root / "pipeline.toml"
-    config.write_text(PIPELINE.replace("DATA", str(small_sample.folder)))
+    config = night(root, pipeline_toml(STEPS_RUN, {"ingest": ingest(small_sample.folder), **TABLES}))
     result = CliRunner().invoke(cli, ["run", str(config), "--workdir", str(wd), "--json"])
     assert result.exit_code == 0, result.output
     assert [s["status"] for s in json.loads(result.stdout)["steps"][:2]] == ["up-to-date"] * 2, result.output

@@ -14,14 +14,12 @@ import os
 import random
 import socket
 import string
-import sys
-import threading
-import time
 
 import pytest
 from factories import tiny_bundle
 from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
+from servers import running
 
 EXAMPLES = 1000 if os.environ.get("CI") else 100
 SEED = int(os.environ.get("GENCLI_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
@@ -38,26 +36,10 @@ def service(tmp_path_factory):
     """One real server for the module (a thread of this process), stopped and drained at the end."""
     import torch
 
-    from gencli.config import ServeConfig
-    from gencli.server.service import Service
-
     torch.set_num_threads(1)
-    served = Service(ServeConfig(port=0, watch=0, device="cpu", read_timeout=0.3, max_body_bytes=20_000,
-                                 max_k=30, max_history_ids=50, max_histories=8),
-                     tiny_bundle(tmp_path_factory.mktemp("fuzz-http")))
-    switch = sys.getswitchinterval()
-    codes: list[int] = []
-    thread = threading.Thread(target=lambda: codes.append(served.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not served.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    yield served
-    served.stop()
-    thread.join(60)
-    sys.setswitchinterval(switch)
-    assert codes == [0]
+    with running(tiny_bundle(tmp_path_factory.mktemp("fuzz-http")), read_timeout=0.3, max_body_bytes=20_000,
+                 max_k=30, max_history_ids=50, max_histories=8) as served:
+        yield served
 
 
 def _exchange(port: int, raw: bytes) -> bytes:

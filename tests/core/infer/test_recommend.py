@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import tiny_qwen3
+from factories import random_codes, tiny_qwen3, write_sid_vocab
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
@@ -35,13 +35,8 @@ def parts(tmp_path_factory):
     """A saved tiny model, its SID vocab and a 30-item catalog with ids and titles."""
     root = tmp_path_factory.mktemp("rec")
     tiny_qwen3(BASE + sum(LEVELS)).save_pretrained(root / "model")
-    offsets = np.cumsum([BASE, *LEVELS[:-1]])
-    vocab = SidVocab([list(range(o, o + k)) for o, k in zip(offsets, LEVELS, strict=True)], bos_id=1, eos_id=2,
-                     pad_id=0, base_vocab_size=BASE)
-    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": vocab.token_ids, "bos_id": 1, "eos_id": 2,
-                                                        "pad_id": 0, "base_vocab_size": BASE}))
-    rng = np.random.default_rng(0)
-    codes = np.unique(np.stack([rng.integers(0, k, 80) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    vocab = SidVocab(write_sid_vocab(root, LEVELS, BASE), bos_id=1, eos_id=2, pad_id=0, base_vocab_size=BASE)
+    codes = random_codes(np.random.default_rng(0), LEVELS, N_ITEMS, 80)
     ids = [f"i{i:03d}" for i in range(N_ITEMS)]
     titles = [f"Title {i}" for i in range(N_ITEMS)]
     return root, vocab, codes, ids, titles

@@ -13,17 +13,11 @@ import time
 import httpx
 import numpy as np
 import pytest
+from servers import wait_until
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TIMEOUT = 30.0
-
-
-def _wait(condition, seconds: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _histories(n: int) -> list[list[str]]:
@@ -55,16 +49,16 @@ def test_swap_under_load_fails_no_request_and_a_broken_bundle_keeps_the_old_one(
         for t in threads:
             t.start()
         try:
-            _wait(lambda: len(answers) >= 20, what="answers from a")
+            wait_until(lambda: len(answers) >= 20, what="answers from a")
             relink(current, bundles["b"])  # what `gencli run --promote` does: one atomic rename
-            _wait(lambda: any(a[2].get("bundle", {}).get("path") == str(bundles["b"]) for a in answers),
+            wait_until(lambda: any(a[2].get("bundle", {}).get("path") == str(bundles["b"]) for a in answers),
                   what="an answer from b")
             seen = len(answers)
-            _wait(lambda: len(answers) >= seen + 20, what="answers after the swap")
+            wait_until(lambda: len(answers) >= seen + 20, what="answers after the swap")
             relink(current, bundles["broken"])
-            _wait(lambda: service.holder.loads_done == 2, what="the broken bundle's load")
+            wait_until(lambda: service.holder.loads_done == 2, what="the broken bundle's load")
             seen = len(answers)
-            _wait(lambda: len(answers) >= seen + 20, what="answers after the failed load")
+            wait_until(lambda: len(answers) >= seen + 20, what="answers after the failed load")
         finally:
             stop.set()
             for t in threads:
@@ -105,7 +99,7 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
 
     def operator() -> None:
         try:
-            _wait(lambda: service.started, what="the server")
+            wait_until(lambda: service.started, what="the server")
             with httpx.Client(base_url=service.url, timeout=TIMEOUT) as http:
                 seen["before"] = http.post("/v1/recommend", json={"history": ["i001"]}).json()["bundle"]["path"]
                 (tmp_path / "next").write_text(f"{bundles['b']}\n")
@@ -113,12 +107,12 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
                 time.sleep(0.2)  # --watch 0: nothing happens until SIGHUP
                 seen["unchanged"] = http.post("/v1/recommend", json={"history": []}).json()["bundle"]["path"]
                 os.kill(os.getpid(), signal.SIGHUP)
-                _wait(lambda: service.holder.loads_done == 1, what="the SIGHUP reload")
+                wait_until(lambda: service.holder.loads_done == 1, what="the SIGHUP reload")
                 seen["after"] = http.post("/v1/recommend/batch", json={"histories": [["i002"], []]}).json()
                 inflight = threading.Thread(target=lambda: seen.setdefault("inflight", httpx.post(
                     f"{service.url}/v1/recommend", json={"history": ["i003"]}, timeout=TIMEOUT)))
                 inflight.start()  # after a batch of 2, this one waits up to 1 s for company
-                _wait(lambda: http.get("/readyz").json()["queue"] == 1, what="the request in flight")
+                wait_until(lambda: http.get("/readyz").json()["queue"] == 1, what="the request in flight")
             os.kill(os.getpid(), signal.SIGTERM)
             inflight.join(TIMEOUT)
             try:
@@ -137,28 +131,3 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
     assert seen["after"]["bundle"]["path"] == str(bundles["b"])
     assert seen["inflight"].status_code == 200 and seen["inflight"].json()["bundle"]["path"] == str(bundles["b"])
     assert seen["late"] in ("refused", 503)
-
-
-def test_stopping_during_a_reload_abandons_it_and_says_so(bundles):
-    """What `gencli serve` needs to know to leave with os._exit (interpreter shutdown under a torch call aborts)."""
-    from gencli.core.serve.metrics import ServeMetrics
-    from gencli.core.serve.swap import Holder, load_served
-
-    first = load_served(bundles["a"], device="cpu")
-    started, release = threading.Event(), threading.Event()
-
-    def slow_load(path, like=None):  # a real load, held back until the test lets it finish
-        started.set()
-        release.wait(TIMEOUT)
-        return load_served(path, device="cpu", like=like)
-
-    idle = Holder(bundles["a"], first, ServeMetrics(), 0, load=slow_load)
-    idle.start()
-    assert idle.stop() is True
-    holder = Holder(bundles["b"], first, ServeMetrics(), 0, load=slow_load)
-    holder.start()
-    holder.request_reload()
-    assert started.wait(TIMEOUT)
-    assert holder.stop(timeout=0.1) is False  # still loading: abandoned
-    release.set()
-    _wait(lambda: holder.loads_done == 1, what="the abandoned load to end")

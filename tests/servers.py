@@ -1,5 +1,6 @@
-"""Fixtures of the serve tests: tiny real bundles (two models on one catalog, one broken) and a real server on
-127.0.0.1 at an ephemeral port, run in a thread of the test process (no torch start-up per server)."""
+"""Fixtures of the serving tests (tests/core/serve, tests/server, tests/bench; registered for the whole suite by
+tests/conftest.py): tiny real bundles (two models on one catalog, one broken) and a real server on 127.0.0.1 at an
+ephemeral port, run in a thread of the test process (no torch start-up per server)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import tiny_qwen3
 
 from gencli.core import artifacts
 
@@ -30,17 +30,15 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     differ), ``a`` carrying the histories of :data:`USERS` users (users.parquet), ``b`` none; ``broken``: a copy of
     ``b`` with a truncated weights file (refused at load)."""
     import torch
+    from factories import random_codes, tiny_qwen3, write_sid_vocab
 
     from gencli.core.infer import bundle
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("serve-bundles")
-    offsets = np.cumsum([BASE, *LEVELS[:-1]])
-    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, LEVELS, strict=True)]
-    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
-                                                        "pad_id": 0, "base_vocab_size": BASE}))
+    write_sid_vocab(root, LEVELS, BASE)
     rng = np.random.default_rng(0)
-    codes = np.unique(np.stack([rng.integers(0, k, 200) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    codes = random_codes(rng, LEVELS, N_ITEMS, 200)
     ids = [f"i{i:03d}" for i in range(N_ITEMS)]
     titles = [f"Title {i}" for i in range(N_ITEMS)]
     out = {}
@@ -107,7 +105,7 @@ def running(bundle: Path, **changes):
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(service.serve()), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not service.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.01)
@@ -119,6 +117,14 @@ def running(bundle: Path, **changes):
         thread.join(60)
         assert not thread.is_alive() and codes == [0]
         assert sys.getswitchinterval() == switch  # restored
+
+
+def wait_until(condition, seconds: float = 30.0, what: str = "") -> None:
+    """Poll ``condition()`` every 10 ms until it holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 def link(path: Path, target: Path) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from factories import tiny_qwen3
+from factories import random_codes, tiny_qwen3, write_sid_vocab
 
 from gencli.cli import cli
 from gencli.core import artifacts
@@ -35,12 +35,9 @@ def made(tmp_path_factory):
     """A bundle with users.parquet and embeddings.npy (30 items, a tiny random model)."""
     root = tmp_path_factory.mktemp("checked")
     tiny_qwen3(BASE + sum(LEVELS)).save_pretrained(root / "model")
-    offsets = np.cumsum([BASE, *LEVELS[:-1]])
-    token_ids = [list(range(int(o), int(o) + k)) for o, k in zip(offsets, LEVELS, strict=True)]
-    (root / artifacts.SID_VOCAB).write_text(json.dumps({"token_ids": token_ids, "bos_id": 1, "eos_id": 2,
-                                                        "pad_id": 0, "base_vocab_size": BASE}))
+    write_sid_vocab(root, LEVELS, BASE)
     rng = np.random.default_rng(0)
-    codes = np.unique(np.stack([rng.integers(0, k, 80) for k in LEVELS], axis=1), axis=0)[:N_ITEMS]
+    codes = random_codes(rng, LEVELS, N_ITEMS, 80)
     vectors = rng.normal(size=(N_ITEMS, 8)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     users = ([f"u{u}" for u in range(5)], [rng.integers(0, N_ITEMS, 3).tolist() for _ in range(5)])

@@ -16,7 +16,7 @@ from gencli.core.data.ingest import run
 from gencli.core.data.split import gini
 from gencli.errors import InputError
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_data"
 FILES = (artifacts.ITEMS, artifacts.USERS, artifacts.INTERACTIONS, artifacts.TRAIN, artifacts.VALID, artifacts.TEST)
 NO_CORE = {"user_core": 0, "item_core": 0}
 
