@@ -130,11 +130,13 @@ class Checks:
 
     def done(self) -> None:
         numbers = number_problems(self.cfg) if self.cfg is not None else {}
-        if self.cfg is not None:  # every field declared with choices holds one of them
+        if self.cfg is not None:  # every field declared with choices holds one of them (listed first, in field order)
+            checks, self.problems = self.problems, []
             for f in dataclasses.fields(self.cfg):
                 if "choices" in f.metadata and f.metadata.get("check", True):
                     name = (f.metadata.get("option") or "--" + f.name.replace("_", "-")).partition("/")[0]
                     self.choice(name[2:], getattr(self.cfg, f.name), tuple(f.metadata["choices"]))
+            self.problems += checks
         rest = [p for p in self.problems if p.split(" ", 1)[0] not in numbers]
         if numbers or rest:
             raise ConfigError(self.step, [*numbers.values(), *rest])

@@ -65,7 +65,7 @@ def test_a_non_finite_gradient_stops_before_the_update(tmp_path):
 
     model = micro_qwen3()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(TrainingDiverged, match=r"^training diverged at iteration 1 of 6: the training loss is "
+    with pytest.raises(TrainingDiverged, match=r"^sft diverged at iteration 1 of 6: the training loss is "
                                                r"[\d.]+ and the gradient norm nan"):
         fit(model, _examples(), _cfg(), tmp_path / "out", pad_id=0, loss_fn=finite_loss_nan_gradient)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -85,7 +85,7 @@ def test_non_finite_weights_are_never_saved_or_validated(tmp_path):
     out = tmp_path / "cpt"
     with pytest.raises(TrainingDiverged, match=r"^cpt diverged at iteration 2 of 2: 1 weight tensor\(s\) are inf or "
                                                r"NaN \(model.embed_tokens.weight"):
-        fit(_nan_in_an_unused_row(), _examples(), _cfg(max_steps=2), out, pad_id=0)
+        fit(_nan_in_an_unused_row(), _examples(), _cfg(max_steps=2, task="cpt"), out, pad_id=0)
     assert list_checkpoints(out / artifacts.CHECKPOINTS) == [] and not (out / artifacts.MODEL_DIR).exists()
     calls = []
     with pytest.raises(TrainingDiverged, match="at iteration 1 of 4"):
