@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from transformers import DynamicCache
 
 # architectures whose attention is exactly softmax(q k^T * scaling + mask) v with GQA (checked against HF's cache
-# in tests/core/test_shared_kv.py); anything else decodes with HF's cache
+# in tests/core/infer/test_shared_kv.py); anything else decodes with HF's cache
 SUPPORTED = frozenset({"qwen3", "qwen2", "llama"})
 
 

@@ -6,7 +6,7 @@ cache supports (:data:`gencli.core.infer.shared_kv.SUPPORTED`: Qwen3, Qwen2, Lla
 default rotary embedding) this module runs the same computation with the same torch calls on the same tensor
 layouts as transformers' sdpa path (the modules mirror ``modeling_qwen3.py``/``modeling_llama.py``, and
 :func:`_attend` mirrors ``integrations/sdpa_attention.py`` and the causal mask of ``masking_utils.py``), so logits,
-beams and scores are bit for bit the same: tests/core/test_lean.py compares them with transformers'.
+beams and scores are bit for bit the same: tests/core/lm/test_lean.py compares them with transformers'.
 
 It answers a query's prefill and the shared-prompt decode steps (:mod:`gencli.core.infer.beam`). Everything else
 (STAMP's pruned prefill, the per-beam cache of a one-level trie, other architectures or settings, weights that
