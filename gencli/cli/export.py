@@ -34,25 +34,13 @@ def export(out_dir, model_step, max_history, users, force, workdir, json_mode):
       gencli recommend --bundle ./shop-model --history i0001,i0042 --k 5
       gencli recommend --bundle ./shop-model --output recs.parquet
     """
-    from gencli.flow.export import check_target, export_bundle
-    from gencli.workspace import Workspace
+    from gencli.flow.export import export_workdir
+    from gencli.ui.tables import print_exported
     from gencli.workspace.executor import quiet_libraries
 
     quiet_libraries()
     try:
-        ws = Workspace(resolve_workdir(workdir))
-        check_target(ws, out_dir)
-        manifest = export_bundle(ws, out_dir, model_step, max_history, force, users=users)
+        manifest = export_workdir(resolve_workdir(workdir), out_dir, model_step, max_history, force, users=users)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
         fail(error, json_mode, out_dir)
-    size = sum(manifest["files"].values())
-    if json_mode:
-        from gencli.ui.output import emit_json
-
-        emit_json({"status": "done", "dir": str(out_dir), "items": manifest["items"], "bytes": size,
-                   "model_id": manifest["model_id"], "source": manifest["source"], "decode": manifest["decode"]})
-        return
-    from gencli.ui.output import console
-
-    console().print(f"[green]✓[/green] exported the {manifest['source']['model_step']} model and "
-                    f"{manifest['items']:,} items ({size / 1e6:.1f} MB) → {out_dir}")
+    print_exported(manifest, out_dir, json_mode)

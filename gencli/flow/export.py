@@ -76,3 +76,14 @@ def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int 
                         items["title"].cast(pl.String).to_list(), codes, meta, force=force,
                         users=workdir.histories(inputs) if users else None, embeddings=inputs.embeddings(),
                         blend=blend_file if blend_file.is_file() else None)
+
+
+def export_workdir(workdir: Path, out_dir: Path, model_step: str = "auto", max_history: int = 0,
+                   force: bool = False, users: bool = True) -> dict[str, Any]:
+    """``gencli export``: the bundle of the workdir's ``model_step`` model in ``out_dir`` (outside the workdir);
+    returns its manifest."""
+    from gencli.workspace import Workspace
+
+    ws = Workspace(workdir)
+    check_target(ws, out_dir)
+    return export_bundle(ws, out_dir, model_step, max_history, force, users=users)

@@ -144,3 +144,18 @@ def print_models(rows: list[dict[str, Any]]) -> None:
         table.add_row(r["preset"], "yes" if r["pulled"] else "no: gencli models pull " + r["preset"],
                       r["path"] or "(built per workdir)", r["description"])
     console().print(table)
+
+
+def print_exported(manifest: dict[str, Any], out_dir: Path, json_mode: bool) -> None:
+    """``gencli export``'s answer: the bundle's folder, items, size and model (``--json``: one object)."""
+    size = sum(manifest["files"].values())
+    if json_mode:
+        from gencli.ui.output import emit_json
+
+        emit_json({"status": "done", "dir": str(out_dir), "items": manifest["items"], "bytes": size,
+                   "model_id": manifest["model_id"], "source": manifest["source"], "decode": manifest["decode"]})
+        return
+    from gencli.ui.output import console
+
+    console().print(f"[green]✓[/green] exported the {manifest['source']['model_step']} model and "
+                    f"{manifest['items']:,} items ({size / 1e6:.1f} MB) → {out_dir}")
