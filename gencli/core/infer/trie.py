@@ -33,9 +33,8 @@ class SidTrie:
         first_diff = np.where(neq.any(axis=1), neq.argmax(axis=1), depth)  # first column where row i+1 differs
 
         # child_start[t][p]..child_start[t][p+1]: depth t+1 node ids that are children of depth-t node p.
-        # node_token[t] / node_key[t]: token and (parent * vocab_bound + token) of the depth t+1 nodes
-        # (keys are strictly increasing, so a (parent, token) pair is found with searchsorted).
-        child_start, node_token, node_key, row_nodes = [], [], [], []
+        # node_token[t]: the token of each depth t+1 node.
+        child_start, node_token, row_nodes = [], [], []
         parent_of_row = np.zeros(n, dtype=np.int64)
         for t in range(1, depth + 1):
             is_new = np.concatenate([[True], first_diff < t])
@@ -45,7 +44,6 @@ class SidTrie:
             token = rows[first_rows, t - 1]
             child_start.append(np.searchsorted(parent, np.arange(parent[-1] + 2)))
             node_token.append(token)
-            node_key.append(parent * self.vocab_bound + token)
             row_nodes.append(node_of_row)
             parent_of_row = node_of_row
         self.leaf_item = order[first_rows]
@@ -62,14 +60,12 @@ class SidTrie:
         self.max_children = [int(np.diff(cs).max()) for cs in child_start]
         self._child_start = [torch.from_numpy(a) for a in child_start]
         self._node_token = [torch.from_numpy(a) for a in node_token]
-        self._node_key = [torch.from_numpy(a) for a in node_key]
         self._leaf_item = torch.from_numpy(self.leaf_item)
 
     def to(self, device: torch.device | str) -> SidTrie:
         """Move the lookup tensors to ``device`` (in place; returns self)."""
         self._child_start = [x.to(device) for x in self._child_start]
         self._node_token = [x.to(device) for x in self._node_token]
-        self._node_key = [x.to(device) for x in self._node_key]
         self._leaf_item = self._leaf_item.to(device)
         return self
 
@@ -95,14 +91,6 @@ class SidTrie:
         valid = child < hi[:, None]
         child = torch.where(valid, child, lo[:, None])  # every node has >= 1 child, so lo is a real node
         return child, self._node_token[depth][child], valid
-
-    def step(self, nodes: torch.Tensor, depth: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Depth-``depth+1`` node reached from ``nodes`` by ``tokens`` ([N] each); -1 where no item has it."""
-        keys = self._node_key[depth]
-        query = nodes * self.vocab_bound + tokens.clamp(0, self.vocab_bound - 1)
-        pos = torch.searchsorted(keys, query).clamp(max=len(keys) - 1)
-        found = (keys[pos] == query) & (tokens >= 0) & (tokens < self.vocab_bound) & (nodes >= 0)
-        return torch.where(found, pos, torch.full_like(pos, -1))
 
     def item_of_leaf(self, leaves: torch.Tensor) -> torch.Tensor:
         """Item index of depth-D nodes."""

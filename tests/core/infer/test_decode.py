@@ -42,11 +42,14 @@ def teacher_forced_scores(model, prompt: list[int], sids: np.ndarray) -> np.ndar
 
 
 def item_of_sid(trie: SidTrie, paths: np.ndarray) -> list[int]:
-    """Item each full SID path [N, D] leads to, one trie step per token; -1 for a path that is no item."""
+    """Item each full SID path [N, D] leads to, following the valid children the beam search reads, one token per
+    depth; -1 for a path that is no item."""
     paths = torch.as_tensor(paths, dtype=torch.int64)
     nodes = torch.zeros(len(paths), dtype=torch.int64)
     for t in range(trie.depth):
-        nodes = trie.step(nodes, t, paths[:, t])
+        child, tok, valid = trie.children(nodes.clamp(min=0), t)
+        match = valid & (tok == paths[:, t, None]) & (nodes >= 0)[:, None]
+        nodes = torch.where(match.any(dim=1), child.gather(1, match.int().argmax(dim=1, keepdim=True))[:, 0], -1)
     return torch.where(nodes >= 0, trie.item_of_leaf(nodes.clamp(min=0)), -1).tolist()
 
 
@@ -65,8 +68,7 @@ def test_trie_structure_by_hand():
     assert valid.tolist() == [[True, True], [True, False]]
     assert tok[1].tolist() == [7, 7] and child[1].tolist() == [2, 2]
     # each valid child is the node its token leads to; depth-2 nodes are (5,7), (5,8), (6,7)
-    assert child[valid].tolist() == trie.step(torch.tensor([0, 0, 1]), 1, tok[valid]).tolist() == [0, 1, 2]
-    assert trie.step(torch.tensor([0, 0, 1]), 1, torch.tensor([8, 6, 8])).tolist() == [1, -1, -1]
+    assert child[valid].tolist() == [0, 1, 2]
     paths = np.array([[5, 7, 10], [6, 7, 9], [5, 7, 9], [5, 8, 9], [6, 8, 9], [9, 9, 9], [11, 7, 9]])
     assert item_of_sid(trie, paths) == [3, 2, 0, 1, -1, -1, -1]
     assert trie.n_duplicates == 0
