@@ -213,7 +213,7 @@ def check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) 
             problems.append(f"item_idx values {bad.unique().sort().head(5).to_list()} are outside the {n_items} "
                             "items that have SIDs")
     if problems:
-        raise InputError("sft inputs disagree with the quantize step: " + "; ".join(problems)
+        raise InputError("the training inputs (ingest's splits) disagree with the quantize step: " + "; ".join(problems)
                          + "; rerun gencli ingest and gencli quantize on the same data")
 
 
