@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from gencli.cli import cli
@@ -54,3 +55,12 @@ def test_a_step_logs_progress_off_a_terminal_also_with_json(monkeypatch, small_s
     logged = CliRunner().invoke(cli, ["embed", "--workdir", str(wd), "--force", "--json"])
     assert logged.exit_code == 0 and "embedding items: started" in logged.stderr and "Loading" not in logged.stderr
     assert json.loads(logged.stdout)["status"] == "done"  # stdout is still exactly one JSON object
+
+
+@pytest.mark.parametrize(("value", "every"), [("2.5", 2.5), ("", 10.0), ("abc", 10.0), ("-1", 10.0), ("nan", 10.0),
+                                              ("inf", 10.0), ("0", 10.0)])
+def test_the_progress_interval_comes_from_the_environment_or_is_the_default(value, every, monkeypatch):
+    from gencli.ui.progress import LOG_EVERY_S, log_every
+
+    monkeypatch.setenv("GENCLI_PROGRESS_EVERY", value)
+    assert LOG_EVERY_S == 10.0 and log_every() == every
