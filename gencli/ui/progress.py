@@ -143,12 +143,12 @@ def make_progress(json_mode: bool) -> Progress:
 
 
 def log_every() -> float:
-    """Seconds between two progress lines of a task: ``GENCLI_PROGRESS_EVERY`` when it is a positive number (a
-    typo there must not stop a night's run: anything else means the default, ``LOG_EVERY_S``)."""
+    """Seconds between two progress lines of a task: ``GENCLI_PROGRESS_EVERY`` when it is a number >= 0 (0: a line
+    at every update). A typo there must not stop a night's run: anything else means the default, ``LOG_EVERY_S``."""
     import math
 
     try:
         every = float(os.environ.get("GENCLI_PROGRESS_EVERY") or LOG_EVERY_S)
     except ValueError:
         return LOG_EVERY_S
-    return every if math.isfinite(every) and every > 0 else LOG_EVERY_S
+    return every if math.isfinite(every) and every >= 0 else LOG_EVERY_S

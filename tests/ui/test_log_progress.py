@@ -58,7 +58,7 @@ def test_a_step_logs_progress_off_a_terminal_also_with_json(monkeypatch, small_s
 
 
 @pytest.mark.parametrize(("value", "every"), [("2.5", 2.5), ("", 10.0), ("abc", 10.0), ("-1", 10.0), ("nan", 10.0),
-                                              ("inf", 10.0), ("0", 10.0)])
+                                              ("inf", 10.0), ("0", 0.0)])
 def test_the_progress_interval_comes_from_the_environment_or_is_the_default(value, every, monkeypatch):
     from gencli.ui.progress import LOG_EVERY_S, log_every
 
