@@ -201,10 +201,10 @@ def test_every_bad_input_is_a_4xx_json_error_naming_its_field(bundles, serving):
 
 
 def test_a_full_queue_is_503_with_retry_after_and_the_admitted_request_is_answered(bundles, serving):
-    with serving(bundles["a"], queue=3, max_histories=3, max_wait_ms=3000) as service, \
+    with serving(bundles["a"], queue=3, max_histories=3, max_wait_ms=10_000) as service, \
             httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
         assert client.post("/v1/recommend/batch", json={"histories": [["i001"], ["i002"]]}).status_code == 200
-        waiting: list[httpx.Response] = []  # the window after a batch of 2 waits (up to 3 s) for a second history
+        waiting: list[httpx.Response] = []  # the window after a batch of 2 waits (up to 10 s) for a second history
         thread = threading.Thread(target=lambda: waiting.append(httpx.post(
             f"{service.url}/v1/recommend", json={"history": ["i003"]}, timeout=TIMEOUT)))
         thread.start()
@@ -218,7 +218,7 @@ def test_a_full_queue_is_503_with_retry_after_and_the_admitted_request_is_answer
         started = time.monotonic()
         fits = client.post("/v1/recommend", json={"history": ["i007"]})  # 1 + 1 <= 3: admitted, fills the window
         thread.join(TIMEOUT)
-        assert time.monotonic() - started < 2.5  # answered when the batch filled up, not at the deadline
+        assert time.monotonic() - started < 5  # answered when the batch filled up, not at the 10 s deadline
         metrics = client.get("/metrics").text
     assert fits.status_code == 200 and waiting[0].status_code == 200
     assert _metric(metrics, 'gencli_serve_errors_total{endpoint="/v1/recommend/batch",kind="overloaded"}') == 1
