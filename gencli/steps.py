@@ -83,11 +83,6 @@ class Step:
         """Runs through the workspace and leaves a step folder (False for run, status, models, export, serve)."""
         return bool(self.runner)
 
-    @property
-    def seeded(self) -> bool:
-        """Its results depend on a seed that ``gencli run --seed`` sets."""
-        return "seed" in self.overrides
-
 
 def _cmd(name: str, module: str, function: str) -> Step:
     return Step(name, module, function, pipeline=False)

@@ -24,6 +24,11 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
+def declared(f: dataclasses.Field) -> str:
+    """A field's option declaration: its ``option`` (``--from``, ``--dedupe/--no-dedupe``) or ``--field-name``."""
+    return f.metadata.get("option") or "--" + f.name.replace("_", "-")
+
+
 INT_BOUNDS = (-(2**63), 2**63 - 1)  # every int option: torch, numpy and Parquet hold int64
 SEED_BOUNDS = (0, 2**32 - 1)  # numpy's seeds
 
@@ -52,7 +57,7 @@ def number_problems(cfg: Any) -> dict[str, str]:
             values = (value,)
         if kind not in (int, float):
             continue
-        name = (f.metadata.get("option") or "--" + f.name.replace("_", "-")).partition("/")[0]
+        name = declared(f).partition("/")[0]
         low, high = f.metadata.get("bounds", INT_BOUNDS if kind is int else (-math.inf, math.inf))
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -134,8 +139,8 @@ class Checks:
             checks, self.problems = self.problems, []
             for f in dataclasses.fields(self.cfg):
                 if "choices" in f.metadata and f.metadata.get("check", True):
-                    name = (f.metadata.get("option") or "--" + f.name.replace("_", "-")).partition("/")[0]
-                    self.choice(name[2:], getattr(self.cfg, f.name), tuple(f.metadata["choices"]))
+                    name = declared(f).partition("/")[0][2:]
+                    self.choice(name, getattr(self.cfg, f.name), tuple(f.metadata["choices"]))
             self.problems += checks
         rest = [p for p in self.problems if p.split(" ", 1)[0] not in numbers]
         if numbers or rest:

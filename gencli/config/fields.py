@@ -12,7 +12,7 @@ import importlib
 import typing
 from typing import Any
 
-from gencli.config.base import json_ready
+from gencli.config.base import declared, json_ready
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def step_fields(cls: type, step: str | None = None, renames: dict[str, str] | No
         if dataclasses.is_dataclass(hints[f.name]):
             out += step_fields(hints[f.name], step, renames, (*_path, f.name))
             continue
-        decl = (renames or {}).get(f.name) or meta.get("option") or "--" + f.name.replace("_", "-")
+        decl = (renames or {}).get(f.name) or declared(f)
         if hints[f.name] is bool and "/" not in decl:
             decl = f"{decl}/--no-{decl[2:]}"
         out.append(Field(f.name, (*_path, f.name), hints[f.name], f, decl))
