@@ -161,14 +161,16 @@ def assemble(parts: list[tuple[list[int], DynamicCache]], mask: torch.Tensor, be
     b, width = mask.shape
     keys, values = [], []
     for layer in range(len(parts[0][1].layers)):
-        k0 = parts[0][1].layers[layer].keys
+        # keys and values may differ in dtype under autocast (Qwen3's k_norm returns float32, v_proj bf16): each
+        # buffer takes its own first run's dtype, and every run is cast to it
+        k0, v0 = parts[0][1].layers[layer].keys, parts[0][1].layers[layer].values
         k = k0.new_zeros(b, k0.shape[1], width, k0.shape[3])
-        v = torch.zeros_like(k)
+        v = v0.new_zeros(b, v0.shape[1], width, v0.shape[3])
         for rows, cache in parts:
             pk, pv = cache.layers[layer].keys, cache.layers[layer].values
             idx = torch.as_tensor(rows, device=k.device)
-            k[idx, :, width - pk.shape[2] :] = pk
-            v[idx, :, width - pv.shape[2] :] = pv
+            k[idx, :, width - pk.shape[2] :] = pk.to(k.dtype)
+            v[idx, :, width - pv.shape[2] :] = pv.to(v.dtype)
         keys.append(k)
         values.append(v)
     return SharedPrompt(keys, values, mask, beams)
