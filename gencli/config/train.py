@@ -8,7 +8,7 @@ from gencli.config.base import MAX_BEAMS, Checks, device_option, dtype_option, m
 from gencli.steps import model_candidates, steps_with_config, token_training_steps
 
 INIT_METHODS = ("random", "mean", "centroid", "gti")
-PROJECTIONS = ("pca", "truncate", "isometric")
+PROJECTIONS = ("principal", "pca", "truncate", "isometric")
 SCHEDULES = ("cosine", "linear")
 SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
 SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
@@ -25,8 +25,14 @@ class InitVocabConfig:
     model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
                                 "smollm2-135m (pull first).", path=True)
     init: str = option("centroid", "How the new SID rows start.", choices=INIT_METHODS)
-    projection: str = option("pca", "centroid/gti: map from the embedding dim to the model dim.", choices=PROJECTIONS)
-    scale: bool = option(False, "centroid: rescale rows to the base vocabulary's spread.")
+    projection: str = option("principal", "centroid/gti: where each level's rows go in the model's space: principal "
+                                          "(an isometry onto the base vocabulary's top principal directions), pca "
+                                          "(model dims 0..m-1, the paper's), truncate, isometric (a random "
+                                          "isometry); gti: principal, or any other for its rows in hidden-state "
+                                          "directions.", choices=PROJECTIONS)
+    scale: bool = option(True, "centroid: each level's rows as far from the vocabulary mean as base rows are "
+                               "(--no-scale: the paper's unscaled centred centroids, which sit on the mean of a "
+                               "pretrained vocabulary).")
     eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
     seed: int = seed_option("Seeds random init, the isometric map and GTI.")
     gti_steps: int = option(200, "gti: optimisation steps of the projection.")
@@ -91,6 +97,7 @@ SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; pati
 EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
 EVAL_USERS = 500  # sft validation users: all up to this, a seeded subsample above
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
+MIN_EVALS = 4  # sft validations before patience may stop it (with the plateau rule, core/train/plateau.py)
 DROPOUT = 0.0  # sft's: 0.1 was level on the sample and lost 6-18% of the model's validation recall on ML-100k
 # (docs/benchmarks.md, the model alone against SASRec)
 AVERAGE = 3  # checkpoints the validated average may hold: the best and the two that patience validated after it
@@ -146,6 +153,9 @@ class TrainConfig:
     eval_beams: int = option(10, "Beam width of the validation search (sft >= 5, rl >= 10).", steps=VALIDATED)
     patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft: Recall@5, rl: "
                                      "NDCG@10 of the served ranking; 0 = off).", steps=VALIDATED)
+    min_evals: int = option(MIN_EVALS, "Validations before --patience may stop training; it also waits while the "
+                                       "model's per-level validation loss is still at what the SID codes' "
+                                       "frequencies alone give (the plateau).", steps=("sft",))
     average: int = option(AVERAGE, "Average the best checkpoint with up to N - 1 other validated checkpoints still on "
                                    "disk (--keep-checkpoints), best first, each kept only when validation does not "
                                    "fall (1 = the best checkpoint alone).", steps=VALIDATED)
@@ -202,6 +212,7 @@ class TrainConfig:
         c.positive("kl", self.kl, allow_zero=True)
         c.positive("targets-per-user", self.rl_targets, allow_zero=True)
         c.positive("patience", self.patience, allow_zero=True)
+        c.positive("min-evals", self.min_evals, allow_zero=True)
         c.positive("max-time", self.max_time, allow_zero=True)
         c.positive("save-every", self.save_every, allow_zero=True)
         c.positive("log-every", self.log_every)

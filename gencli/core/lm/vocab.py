@@ -18,6 +18,9 @@ Every new row is e = mu + delta; the initialisers differ in delta:
                 Sigma = V diag(w) V^T (PSD-safe), so e ~ N(mu, eps * Sigma).
 - ``centroid``: delta_{l,k} = Phi_l(c_{l,k} - cbar_l) ("Preserving Item Semantics for Free"),
                 Phi_l: R^d -> R^d_model by ``projection``:
+                  principal the ``pca`` coordinates (below) placed on the base vocabulary's top m principal
+                            directions (eigenvectors of Sigma, largest first): an isometry into the subspace the
+                            backbone's own rows use (the default);
                   pca       coordinates of the level's centred centroids in their top
                             m = min(d, K_l, d_model) principal directions (SVD, signs fixed so
                             each direction's largest entry is positive), zero-padded to d_model;
@@ -26,13 +29,19 @@ Every new row is e = mu + delta; the initialisers differ in delta:
                   isometric Q x with Q [d_model, d] orthonormal columns (QR of a Gaussian
                             matrix seeded with ``seed``, signs fixed by diag(R) > 0); needs
                             d <= d_model; preserves all distances exactly.
-                With ``scale``, each level's delta is multiplied by r / mean_k ||delta_{l,k}||
-                so its mean row norm equals the base spread. Dedup tokens carry no meaning
-                and use the ``random`` rows (the same draws ``random`` would give them).
+                With ``scale`` (the default), each level's delta is multiplied by r / mean_k ||delta_{l,k}||
+                so its rows lie as far from mu as base rows do. Without it (the paper's formula) the
+                centred centroids of unit-norm text vectors are short (0.4-0.7) and, on a pretrained
+                vocabulary (smollm2: r = 2.39), the rows nearly coincide with mu after the first norm
+                (docs/benchmarks.md). Dedup tokens carry no meaning and use the ``random`` rows (the
+                same draws ``random`` would give them).
 - ``gti``:      grounded token init (see :mod:`gencli.core.lm.gti`): g_t = P(s_t) fitted to the
                 frozen LM's mean-pooled text states of the items using token t, starting
                 from the ``random`` rows s_t; then per level delta = (g - mean g) * r / mean ||g - mean g||
-                (the ``scale`` rule), for every level including dedup.
+                (the ``scale`` rule), for every level including dedup. With ``projection`` principal
+                (the default) g - mean g is first placed like the centroids (its PCA coordinates on the
+                base principal directions): the hidden states' own directions line up with the final
+                norm's largest weights, which gave step-0 SID logits spread over 27-29 nats.
 
 Untied lm_head: its new rows use the same formula with the output matrix's own mu,
 Sigma and r and the same random draws / projections (the output rows live on another scale).
@@ -50,10 +59,10 @@ import numpy as np
 import torch
 from tokenizers import AddedToken
 
-from gencli.config import InitVocabConfig
+from gencli.config import SFT_MAX_HISTORY, InitVocabConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.lm import gti
+from gencli.core.lm import geometry, gti
 from gencli.core.lm.backbone import load_model, save_model, special_ids
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError, InputError
@@ -71,10 +80,16 @@ class BaseStats:
     norm_mean: float  # mean ||E_v||
 
     @cached_property
+    def eigen(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eigenvalues (clipped at 0) and eigenvectors (columns) of Sigma, largest first."""
+        w, v = torch.linalg.eigh(self.cov)
+        return w.flip(0).clamp(min=0), v.flip(1)
+
+    @cached_property
     def sampler(self) -> torch.Tensor:
         """A with A A^T = Sigma (eigendecomposition, negative round-off eigenvalues clipped)."""
-        w, v = torch.linalg.eigh(self.cov)
-        return v * w.clamp(min=0).sqrt()
+        w, v = self.eigen
+        return v * w.sqrt()
 
 
 @torch.no_grad()
@@ -136,14 +151,26 @@ def isometric_matrix(d: int, d_model: int, seed: int) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r))
 
 
-def centroid_directions(codebooks: list[np.ndarray], d_model: int, projection: str, seed: int) -> list[torch.Tensor]:
-    """Phi_l(C_l - cbar_l) per level (float64, before any scaling)."""
+def principal_map(centred: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """``pca_map`` coordinates placed on ``basis``' columns (orthonormal, [d_model, d_model], the base vocabulary's
+    principal directions, largest first): distance-preserving, in the subspace the backbone's rows use."""
+    coords = pca_map(centred, basis.shape[0])
+    m = min(centred.shape[0], centred.shape[1], basis.shape[0])
+    return coords[:, :m] @ basis[:, :m].T
+
+
+def centroid_directions(codebooks: list[np.ndarray], d_model: int, projection: str, seed: int,
+                        basis: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Phi_l(C_l - cbar_l) per level (float64, before any scaling); ``basis``: the principal directions of the
+    matrix the rows go into (``projection`` principal)."""
     out = []
     q = isometric_matrix(codebooks[0].shape[1], d_model, seed) if projection == "isometric" else None
     for cb in codebooks:
         c = torch.from_numpy(np.asarray(cb, dtype=np.float64))
         centred = c - c.mean(0)
-        if projection == "pca":
+        if projection == "principal":
+            out.append(principal_map(centred, basis))
+        elif projection == "pca":
             out.append(pca_map(centred, d_model))
         elif projection == "truncate":
             out.append(truncate_map(centred, d_model))
@@ -215,12 +242,16 @@ def add_sid_tokens(tokenizer, levels: list[int]) -> list[list[int]]:
 
 
 def new_rows(cfg: InitVocabConfig, stats: BaseStats, levels: list[int], z: torch.Tensor,
-             centroid: list[torch.Tensor] | None, gti_g: torch.Tensor | None) -> torch.Tensor:
+             codebooks: list[np.ndarray] | None, gti_g: torch.Tensor | None) -> torch.Tensor:
     """All new rows [sum(levels), d_model] in float64 for one matrix with base statistics ``stats``."""
     if cfg.init == "mean":
         return stats.mu.expand(sum(levels), -1).clone()
     if cfg.init == "random":
         return stats.mu + (z @ stats.sampler.T) * cfg.eps ** 0.5
+    d_model = stats.mu.shape[0]
+    basis = stats.eigen[1] if cfg.projection == "principal" else None
+    centroid = (centroid_directions(codebooks, d_model, cfg.projection, cfg.seed, basis)
+                if cfg.init == "centroid" else None)
     blocks, offset = [], 0
     for level, size in enumerate(levels):
         if cfg.init == "centroid" and level < len(levels) - 1:
@@ -230,7 +261,8 @@ def new_rows(cfg: InitVocabConfig, stats: BaseStats, levels: list[int], z: torch
             blocks.append(stats.mu + (z[offset:offset + size] @ stats.sampler.T) * cfg.eps ** 0.5)
         else:
             g = gti_g[offset:offset + size]
-            blocks.append(stats.mu + _rescale(g - g.mean(0), stats.centred_norm_mean))
+            delta = principal_map(g - g.mean(0), basis) if basis is not None else g - g.mean(0)
+            blocks.append(stats.mu + _rescale(delta, stats.centred_norm_mean))
         offset += size
     return torch.cat(blocks)
 
@@ -256,8 +288,11 @@ def run(
     token_map: dict,
     out_dir: Path,
     progress: Progress = SILENT,
+    sequences: list[list[int]] | None = None,
 ) -> dict:
-    """Add SID tokens to the backbone in ``base_dir``, initialise them, write ``model/`` and ``sid_vocab.json``."""
+    """Add SID tokens to the backbone in ``base_dir``, initialise them, write ``model/`` and ``sid_vocab.json``.
+    With ``sequences`` (the users' training item sequences) the metrics tell whether the model starts able to
+    tell users apart (:mod:`gencli.core.lm.geometry`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sids = np.asarray(sids)
@@ -288,15 +323,14 @@ def run(
 
     n_new = sum(levels)
     z = random_directions(n_new, d_model, cfg.seed)
-    centroid = centroid_directions(codebooks, d_model, cfg.projection, cfg.seed) if cfg.init == "centroid" else None
     gti_g, extra = None, {}
     if cfg.init == "gti":
         start_delta = (z @ stats_in.sampler.T) * cfg.eps ** 0.5
         gti_g, extra = _run_gti(cfg, model, tokenizer, item_texts, sids, levels, start_delta, ids["pad_id"],
                                 resolve_dtype(cfg.dtype, device), out_dir, progress)
 
-    rows_in = new_rows(cfg, stats_in, levels, z, centroid, gti_g).float()
-    rows_out = None if tied else new_rows(cfg, stats_out, levels, z, centroid, gti_g).float()
+    rows_in = new_rows(cfg, stats_in, levels, z, codebooks, gti_g).float()
+    rows_out = None if tied else new_rows(cfg, stats_out, levels, z, codebooks, gti_g).float()
 
     token_ids = add_sid_tokens(tokenizer, levels)
     first, last = token_ids[0][0], token_ids[-1][-1]
@@ -312,10 +346,15 @@ def run(
     sid_vocab = {"token_ids": token_ids, **ids, "base_vocab_size": first}
     (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(sid_vocab) + "\n")
 
+    with progress.track("init-vocab: geometry", total=None):
+        item_tokens = np.stack([np.asarray(token_ids[lvl])[sids[:, lvl]] for lvl in range(len(levels))], axis=1)
+        prompts = ([] if sequences is None else
+                   geometry.sample_prompts(sequences, item_tokens, SFT_MAX_HISTORY, ids["bos_id"], cfg.seed))
+        shape = geometry.report(model, token_ids, first, prompts, ids["pad_id"], cfg.seed)
     norms = rows_in.double().norm(dim=1)
     return {
         "method": cfg.init,
-        "projection": cfg.projection if cfg.init == "centroid" else None,
+        "projection": cfg.projection if cfg.init in ("centroid", "gti") else None,
         "scale": bool(cfg.scale) if cfg.init == "centroid" else cfg.init == "gti",
         "base_rows_norm_mean": stats_in.norm_mean,
         "base_rows_mean_norm": float(stats_in.mu.norm()),
@@ -330,5 +369,6 @@ def run(
         "tied": bool(tied),
         "d_model": int(d_model),
         "embedding_dim": int(d),
+        "geometry": shape,
         **extra,
     }

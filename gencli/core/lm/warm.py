@@ -117,7 +117,8 @@ def run_step(cfg: InitVocabConfig, inputs, out_dir: Path, progress: Progress = S
     warm = inputs.external.get("warm")
     if warm is None:
         base = presets.resolve_backbone(cfg.model, out_dir, texts, cfg.seed)
-        return vocab.run(cfg, base, texts, codebooks, codes, token_map, out_dir, progress)
+        sequences = inputs.split("train")["sequence"].to_list()
+        return vocab.run(cfg, base, texts, codebooks, codes, token_map, out_dir, progress, sequences=sequences)
     from gencli.core.sid import store
 
     if not same_codebooks(store.load_codebook_list(warm["quantize"]), codebooks):

@@ -52,6 +52,7 @@ from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
 from gencli.core.train.loop import fit
+from gencli.core.train.plateau import PLATEAU_MARGIN, LevelLoss, frequency_ce, left_plateau
 from gencli.core.train.samples import SftExamples
 from gencli.core.train.step import lr_factor, make_loss
 from gencli.errors import InputError
@@ -69,7 +70,7 @@ class Validation:
 
     def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
                  device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
-                 metric: str = EVAL_METRIC):
+                 metric: str = EVAL_METRIC, train_sequences: Sequence[Sequence[int]] | None = None):
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
                                    max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
                                    exclude_seen=ranker is not None)
@@ -80,6 +81,12 @@ class Validation:
         self.cfg, self.device, self.prune, self.ranker, self.metric = cfg, device, prune, ranker, metric
         self.runs = 0
         self.best: tuple[float, Any] | None = None  # (metric, candidates) of the best validation run here
+        self.level_loss, self.freq_ce = None, None
+        if train_sequences is not None:  # sft: is the model still on the frequency-only plateau? (plateau.py)
+            ev = self.evaluator
+            trained = np.concatenate([np.asarray(s[1:], dtype=np.int64) for s in train_sequences if len(s) > 1])
+            self.level_loss = LevelLoss(ev.prompts, item_tokens[ev.targets], vocab.token_ids, vocab.pad_id)
+            self.freq_ce = frequency_ce(vocab.token_ids, item_tokens[trained], self.level_loss.targets)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
@@ -89,6 +96,9 @@ class Validation:
         overall = result["metrics"]["overall"]
         out = {**{f"{m}@{k}": overall[f"{m}@{k}"] for m in ("recall", "ndcg") for k in self.ks},
                "users": len(self.evaluator.targets)}
+        if self.level_loss is not None:
+            out["level_ce"] = [round(v, 6) for v in self.level_loss(model)]
+            out["left_plateau"] = left_plateau(out["level_ce"], self.freq_ce)
         if self.ranker is not None:
             model_only = result["model_only"]["overall"]
             out.update({f"model_{m}": model_only[m] for m in ("recall@5", "recall@10", "ndcg@10") if m in model_only})
@@ -265,10 +275,12 @@ def run(
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
     ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train)
-    evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker)
+    evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker,
+                                                      train_sequences=train["sequence"].to_list())
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
-    if cfg.patience > 0:
-        callbacks.append(EarlyStopping(cfg.patience))
+    stopping = EarlyStopping(cfg.patience, cfg.min_evals) if cfg.patience > 0 else None
+    if stopping is not None:
+        callbacks.append(stopping)
     if cfg.max_time > 0:
         callbacks.append(TimeLimit(cfg.max_time, evaluate is not None))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -305,6 +317,10 @@ def run(
         "users": train.height,
         "sid_softmax": cfg.sid_softmax,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
+        "stop_reason": summary["stop_reason"] or ("max_steps" if cfg.max_steps else "epochs"),
+        **({"plateau": {"frequency_ce": evaluate.freq_ce, "margin": PLATEAU_MARGIN, "min_evals": cfg.min_evals,
+                        **(stopping.plateau_record() if stopping is not None else {})}}
+           if evaluate is not None else {}),
         "final_recall@5": curve[-1][EVAL_METRIC] if curve else None,
         "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
         "peak_step": summary["best_step"],

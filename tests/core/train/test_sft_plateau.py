@@ -69,26 +69,68 @@ def test_fit_validates_evals_per_epoch_times_an_epoch_and_at_the_end(tmp_path):
     assert _valid_steps(tmp_path) == [2, 4, 6, 8, 10]
 
 
-def test_sft_defaults_stop_at_the_plateau_and_keep_the_best_model(tmp_path):
+def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
-    # a learning rate too small to change a decoded beam: validation is flat from the first evaluation, so only
-    # patience (on by default) can stop the run long before the default epoch cap; one checkpoint, no average
-    # (the average of flat checkpoints is tested in test_soup.py)
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=5, average=1)
+    # a learning rate too small to change anything: validation is flat from the first evaluation, which patience
+    # alone would take for the peak; the model never leaves the plateau, so training runs to its epoch cap and the
+    # stops patience asked for are counted; the best checkpoint is still the model
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=5, average=1, min_evals=0, epochs=4)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
     every = metrics["eval_every"]
     per_epoch = batches_per_epoch(metrics["samples"], cfg.batch_size)
     assert every == -(-per_epoch // cfg.evals_per_epoch)
-    assert metrics["stop_reason"] == "patience" and metrics["stopped_early"]
-    assert len(metrics["valid_curve"]) == cfg.patience + 1 and metrics["steps"] == (cfg.patience + 1) * every
-    assert metrics["max_steps"] == SFT_MAX_EPOCHS * per_epoch > metrics["steps"]
+    assert metrics["stop_reason"] == "epochs" and not metrics["stopped_early"]
+    assert metrics["steps"] == metrics["max_steps"] == 4 * per_epoch
+    evals = len(metrics["valid_curve"])
+    assert metrics["plateau"]["left_step"] is None and metrics["plateau"]["held_stops"] == evals - cfg.patience
     assert metrics["peak_step"] == every  # nothing beat the first validation
+    records = [json.loads(line) for line in (out / artifacts.METRICS_JSONL).read_text().splitlines()]
+    valid_lines = [r for r in records if r["kind"] == "valid"]
+    assert all(len(r["level_ce"]) == 3 and r["left_plateau"] is False for r in valid_lines)
+    freq = metrics["plateau"]["frequency_ce"]
+    assert all(c > (1 - 0.05) * f for r in valid_lines for c, f in zip(r["level_ce"], freq))
     best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
     assert all(torch.equal(best[k], final[k]) for k in best)
+
+
+@pytest.mark.parametrize(("left", "min_evals", "stops_at", "held"), [
+    ([True] * 6, 0, 3, 0),  # best at 1, no new best at 2 and 3: patience 2 stops at the 3rd
+    ([True] * 6, 5, 5, 2),  # ... but not before the 5th validation
+    ([False, False, False, True, True, True], 0, 4, 1),  # ... nor before the model left the plateau (4th)
+    ([False, False, True, False, False, False], 0, 3, 0),  # once left, it stays left
+    ([False] * 6, 0, None, 4),  # never left: never stopped by patience
+])
+def test_early_stopping_waits_for_min_evals_and_for_the_model_to_leave_the_plateau(left, min_evals, stops_at, held):
+    from gencli.core.train.callbacks import Control, EarlyStopping, TrainState
+
+    stopping, state = EarlyStopping(2, min_evals), TrainState(max_steps=100, batches_per_epoch=10)
+    stopped = None
+    for i, off in enumerate(left, start=1):
+        state.global_step, control = i * 10, Control()
+        stopping.on_evaluate(state, control, {"is_best": i == 1, "left_plateau": off})
+        if control.should_stop:
+            stopped = i
+            break
+    assert stopped == stops_at and stopping.held == held
+    restored = EarlyStopping(2, min_evals)
+    restored.load_state_dict(stopping.state_dict())
+    assert restored.state_dict() == stopping.state_dict()
+
+
+def test_frequency_cross_entropy_is_add_one_smoothed_per_level():
+    from gencli.core.train.plateau import frequency_ce, left_plateau
+
+    levels = [[10, 11], [12, 13, 14]]
+    train = np.array([[10, 12], [10, 12], [11, 13]])
+    target = np.array([[10, 14], [11, 12]])
+    # level 0: counts 1+2, 1+1 -> p = 3/5, 2/5; level 1: 1+2, 1+1, 1+0 -> 3/6, 2/6, 1/6
+    want = [-(np.log(3 / 5) + np.log(2 / 5)) / 2, -(np.log(1 / 6) + np.log(3 / 6)) / 2]
+    assert frequency_ce(levels, train, target) == pytest.approx(want, abs=1e-12)
+    assert left_plateau([0.5, 0.01], [1.0, 0.02]) and not left_plateau([0.96, 0.01], [1.0, 0.5])
 
 
 def test_validation_uses_every_valid_user_up_to_the_cap_and_a_seeded_subsample_above(tmp_path):
