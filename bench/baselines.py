@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                  "(comma-separated; bench/common.py)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")
+    p.add_argument("--model", default="tiny", help="gencli init-vocab --model: tiny, smollm2-135m-6l (pull it "
+                                                   "first), smollm2-135m or a folder")
+    p.add_argument("--init-vocab", default="", help='extra gencli init-vocab options, e.g. "projection=pca,no-scale"')
     p.add_argument("--sft", default="", help='extra gencli sft options, e.g. "max-steps=400,lr=0.003,stamp"')
     p.add_argument("--quantize", default="", help='quantize again in the run\'s workdir with these extra options, '
                                                    'e.g. "collab=0.5"')
@@ -286,14 +289,17 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
     ``--with-rl`` rl then runs on that sft model and the evals are repeated with rl's model. Returns the rows per
     variant label ('' and, with rl, ' + rl')."""
     # variants may run side by side, each in its own workdir
-    variant = hashlib.sha256(f"{args.sft}|{args.eval}|{args.quantize}|{rl_label(args)}".encode()).hexdigest()[:6]
+    key = f"{args.sft}|{args.eval}|{args.quantize}|{rl_label(args)}"
+    if args.model != "tiny" or args.init_vocab:  # the workdirs of earlier runs keep their names
+        key += f"|{args.model}|{args.init_vocab}"
+    variant = hashlib.sha256(key.encode()).hexdigest()[:6]
     work = args.workroot / dataset / f"gencli-{init}-s{seed}-{variant}"
     if not work.exists():  # an earlier attempt's workdir is reused: gencli reruns only what is missing or stale
         shutil.copytree(shared, work)
     t = ["--threads", "1"]
     requantize = [[*t, *QUANTIZE, *options(args.quantize)]] if args.quantize else []
     train = [*requantize,
-             [*t, "init-vocab", "--model", "tiny", "--init", init, "--projection", "pca", "--seed", str(seed)],
+             [*t, "init-vocab", "--model", args.model, "--init", init, "--seed", str(seed), *options(args.init_vocab)],
              [*t, "sft", "--seed", str(seed), *options(args.sft)]]
     evals = {policy: ([*t, *EVAL, flag, "--force", *options(args.eval)],
                       [*t, *COLD_EVAL, flag, "--force", *options(args.eval)] if has_cold else None)
@@ -315,8 +321,9 @@ def gencli_row(args: argparse.Namespace, dataset: str, shared: Path, init: str, 
 def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, seed: int, suffix_label: str,
                  evals: dict, train: list[list[str]], sft: dict, rl: dict | None, seconds: float,
                  rl_seconds: float | None = None) -> list[dict]:
-    label = "".join(f"[{k} {v}]" for k, v in (("quantize", args.quantize), ("sft", args.sft), ("eval", args.eval))
-                    if v) + suffix_label
+    label = "".join(f"[{k} {v}]" for k, v in (("model", "" if args.model == "tiny" else args.model),
+                                                ("init-vocab", args.init_vocab), ("quantize", args.quantize),
+                                                ("sft", args.sft), ("eval", args.eval)) if v) + suffix_label
     rows = []
     for policy, (ev_cmd, cold_cmd) in evals.items():
         ev = gencli(ev_cmd, work)["metrics"]

@@ -6,7 +6,8 @@
 #      batch 32, lr 2e-4, history 40, seeds 0 and 1): training tokens/s and peak CUDA memory from bench/stamp.py
 #      speed (base and stamp interleaved in one process, the GPU otherwise idle), and Recall@10 / NDCG@10 of the
 #      trained models on every valid and every test user, paired seed by seed (bench/paired_recall.py).
-#   2. SID row init: centroid, random and gti on smollm2-135m, sft to the plateau (gencli's defaults, window
+#   2. SID row init (#45): centroid (the default: rows at the base spread on its principal directions),
+#      centroid-literal (the paper's unscaled centred centroids in model dims 0..m-1), random and gti on smollm2-135m, sft to the plateau (gencli's defaults, window
 #      samples, validation on 500 users, patience 2, but lr 2e-4, INIT_EPOCHS = 4 epochs so that the learning rate
 #      decays inside the budget, and INIT_EVALS = 2 validations per epoch; --max-time is a safety net), then eval
 #      (Recall@5/@10, the blend and the model alone) and cold-eval (items seen at most once as a training target).
@@ -36,7 +37,7 @@ STAMP_STEPS=${STAMP_STEPS:-300}; STAMP_BATCH=${STAMP_BATCH:-32}; STAMP_HISTORY=$
 STAMP_VAL_USERS=${STAMP_VAL_USERS:-400}; EVAL_BEAMS=${EVAL_BEAMS:-20}
 SPEED_ROUNDS=${SPEED_ROUNDS:-4}; SPEED_STEPS=${SPEED_STEPS:-8}; SPEED_BATCH=${SPEED_BATCH:-64}
 SPEED_MIN_TOKENS=${SPEED_MIN_TOKENS:-128}  # the speed samples: users whose latest prompt has this many tokens
-INITS=${INITS:-centroid random gti}; INIT_TRAIN_S=${INIT_TRAIN_S:-200}; INIT_EPOCHS=${INIT_EPOCHS:-4}
+INITS=${INITS:-centroid centroid-literal random gti}; INIT_TRAIN_S=${INIT_TRAIN_S:-200}; INIT_EPOCHS=${INIT_EPOCHS:-4}
 INIT_EVALS=${INIT_EVALS:-2}  # validations per epoch: the step of the peak to half an epoch
 SERVE_REQUESTS=${SERVE_REQUESTS:-300}; SERVE_TIME=${SERVE_TIME:-8}; SERVE_CONC=${SERVE_CONC:-1,16,64}
 PARTS=${PARTS:-stamp init serve}  # which of the three checks run (a rerun of one of them: PARTS=stamp INITS=centroid)
@@ -60,6 +61,7 @@ DEADLINE=$(( $(date +%s) + BUDGET ))
 STOP=$DEADLINE  # what bounded() stops at: lowered while the training jobs run, so that serve keeps its time
 STATUS=$RESULTS/logs/status
 
+init_flags() { case $1 in centroid-literal) echo "--init centroid --projection pca --no-scale" ;; *) echo "--init $1" ;; esac; }
 note() { echo "$(date +%T) $*" | tee -a "$STATUS"; }
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }  # has stamp: that check is in PARTS
 bounded() {  # a command stopped at STOP (exit 124), or not started when under 10 s remain
@@ -90,7 +92,8 @@ cat "$RESULTS/logs/machine.txt"
 # 1. init-vocab for every init, side by side (centroid also feeds STAMP and serve)
 for init in $INITS; do
   cp -r "$SAMPLE" "$WORK/init-$init"
-  g "init-vocab-$init" "$WORK/init-$init" init-vocab --model "$MODEL" --init "$init" --seed 0 --device "$DEVICE" &
+  # shellcheck disable=SC2046  # init_flags is several words on purpose
+  g "init-vocab-$init" "$WORK/init-$init" init-vocab --model "$MODEL" $(init_flags "$init") --seed 0 --device "$DEVICE" &
 done
 wait
 [ -d "$WORK/init-centroid/init-vocab/model" ] || { note "init-vocab centroid failed: see logs"; exit 1; }

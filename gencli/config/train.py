@@ -30,8 +30,8 @@ class InitVocabConfig:
                                           "(model dims 0..m-1, the paper's), truncate, isometric (a random "
                                           "isometry); gti: principal, or any other for its rows in hidden-state "
                                           "directions.", choices=PROJECTIONS)
-    scale: bool = option(True, "centroid: each level's rows as far from the vocabulary mean as base rows are "
-                               "(--no-scale: the paper's unscaled centred centroids, which sit on the mean of a "
+    scale: bool = option(True, "centroid: each level's rows at least as far from the vocabulary mean as base rows "
+                               "are (--no-scale: the paper's unscaled centred centroids, which sit on the mean of a "
                                "pretrained vocabulary).")
     eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
     seed: int = seed_option("Seeds random init, the isometric map and GTI.")

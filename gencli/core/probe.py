@@ -197,12 +197,13 @@ def model_rows(model_dir: Path, token_ids: Sequence[int]) -> np.ndarray:
 
 def run(cfg: ProbeConfig, models: Mapping[str, tuple[Path, Sequence[Sequence[int]]]], codebooks: Sequence[np.ndarray],
         codes: np.ndarray, categories: Sequence[str | None] | None, item_counts: np.ndarray, out_dir: Path,
-        progress: Progress = SILENT) -> dict[str, Any]:
+        progress: Progress = SILENT, geometry: Mapping[str, dict] | None = None) -> dict[str, Any]:
     """Probe level ``cfg.level`` of the quantizer's centroids and of every model step in ``models``
     (step -> (model folder, sid_vocab token_ids)); write probe.json (and pictures) into ``out_dir``.
 
     ``categories``: the items' ``category`` text (None when the catalog has none); ``item_counts``: per item,
-    how often it is a training target (popularity).
+    how often it is a training target (popularity); ``geometry``: per step, where its SID rows sit and whether it
+    tells users apart (:func:`model_geometry`), reported as it is.
     """
     level, m, qs = cfg.level, cfg.m, tuple(QS)
     if not 0 <= level < len(codebooks):
@@ -247,6 +248,8 @@ def run(cfg: ProbeConfig, models: Mapping[str, tuple[Path, Sequence[Sequence[int
             spaces[step] = emb
             advance(1)
     result["rows"] = rows
+    if geometry:
+        result["geometry"] = dict(geometry)
     out_dir.mkdir(parents=True, exist_ok=True)
     result["pictures"] = []
     if cfg.pictures:
@@ -310,8 +313,26 @@ def run_step(cfg: Any, inputs, out_dir: Path, progress: Progress = SILENT) -> di
     counts = tables.train_target_counts(inputs.split("train"), items.height)
     categories = items["category"].cast(pl.String).to_list() if "category" in items.columns else None
     codes, _ = inputs.codes()
-    models = {}
+    sequences = inputs.split("train")["sequence"].to_list()
+    models, shapes = {}, {}
     for step in inputs.model_steps:
         model_dir, vocab_path = inputs.model(step)
-        models[step] = (model_dir, load_sid_vocab(vocab_path).token_ids)
-    return run(cfg, models, inputs.codebooks(), codes, categories, counts, out_dir, progress)
+        vocab = load_sid_vocab(vocab_path)
+        models[step] = (model_dir, vocab.token_ids)
+        shapes[step] = model_geometry(model_dir, vocab, codes, sequences)
+    return run(cfg, models, inputs.codebooks(), codes, categories, counts, out_dir, progress, geometry=shapes)
+
+
+def model_geometry(model_dir: Path, vocab, codes: np.ndarray, sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """init-vocab's geometry record (:mod:`gencli.core.lm.geometry`) of a trained model: its SID rows against the
+    base rows, and the spread of its last hidden state over the same seeded users."""
+    import torch
+
+    from gencli.config import SFT_MAX_HISTORY
+    from gencli.core.lm import geometry
+    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.prompt import item_token_ids
+
+    model, _ = load_model(model_dir, device="cpu", dtype=torch.float32)
+    prompts = geometry.sample_prompts(sequences, item_token_ids(codes, vocab), SFT_MAX_HISTORY, vocab.bos_id)
+    return geometry.report(model, vocab.token_ids, vocab.base_vocab_size, prompts, vocab.pad_id)

@@ -29,8 +29,10 @@ Every new row is e = mu + delta; the initialisers differ in delta:
                   isometric Q x with Q [d_model, d] orthonormal columns (QR of a Gaussian
                             matrix seeded with ``seed``, signs fixed by diag(R) > 0); needs
                             d <= d_model; preserves all distances exactly.
-                With ``scale`` (the default), each level's delta is multiplied by r / mean_k ||delta_{l,k}||
-                so its rows lie as far from mu as base rows do. Without it (the paper's formula) the
+                With ``scale`` (the default), a level whose mean ||delta_{l,k}|| is below r is multiplied by
+                r / mean_k ||delta_{l,k}||, so its rows lie at least as far from mu as base rows do (a level
+                already farther, as on ``tiny``'s small random rows, is kept: rescaling it down cost 7% of the
+                sample's served Recall@10, docs/benchmarks.md). Without it (the paper's formula) the
                 centred centroids of unit-norm text vectors are short (0.4-0.7) and, on a pretrained
                 vocabulary (smollm2: r = 2.39), the rows nearly coincide with mu after the first norm
                 (docs/benchmarks.md). Dedup tokens carry no meaning and use the ``random`` rows (the
@@ -179,9 +181,12 @@ def centroid_directions(codebooks: list[np.ndarray], d_model: int, projection: s
     return out
 
 
-def _rescale(delta: torch.Tensor, spread: float) -> torch.Tensor:
+def _rescale(delta: torch.Tensor, spread: float, at_least: bool = False) -> torch.Tensor:
+    """``delta`` times spread / its mean row norm; with ``at_least`` only when that lengthens it."""
     norm = float(delta.norm(dim=1).mean())
-    return delta * (spread / norm) if norm > 0 else delta
+    if norm <= 0 or (at_least and norm >= spread):
+        return delta
+    return delta * (spread / norm)
 
 
 def check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np.ndarray], sids: np.ndarray,
@@ -256,7 +261,7 @@ def new_rows(cfg: InitVocabConfig, stats: BaseStats, levels: list[int], z: torch
     for level, size in enumerate(levels):
         if cfg.init == "centroid" and level < len(levels) - 1:
             delta = centroid[level]
-            blocks.append(stats.mu + (_rescale(delta, stats.centred_norm_mean) if cfg.scale else delta))
+            blocks.append(stats.mu + (_rescale(delta, stats.centred_norm_mean, at_least=True) if cfg.scale else delta))
         elif cfg.init == "centroid":  # dedup level: the rows ``random`` would give it
             blocks.append(stats.mu + (z[offset:offset + size] @ stats.sampler.T) * cfg.eps ** 0.5)
         else:

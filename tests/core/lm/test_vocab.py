@@ -137,7 +137,7 @@ def test_mean_init_rows_are_exactly_mu(tied_dir, tmp_path):
 
 def test_centroid_truncate_is_exactly_c_minus_cbar_plus_mu(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=D_MODEL)
-    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate")
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale=False)
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -153,7 +153,7 @@ def test_centroid_truncate_is_exactly_c_minus_cbar_plus_mu(tied_dir, tmp_path):
 
 def test_centroid_truncate_pads_and_cuts(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=8)
-    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate")
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale=False)
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -165,10 +165,10 @@ def pairwise(x: torch.Tensor) -> torch.Tensor:
     return torch.cdist(x.double(), x.double())
 
 
-@pytest.mark.parametrize("projection,tol", [("pca", 1e-5), ("isometric", 1e-5)])
-def test_pca_and_isometric_preserve_centroid_distances(tied_dir, tmp_path, projection, tol):
+@pytest.mark.parametrize("projection,tol", [("pca", 1e-5), ("isometric", 1e-5), ("principal", 1e-5)])
+def test_pca_isometric_and_principal_preserve_centroid_distances(tied_dir, tmp_path, projection, tol):
     codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
-    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection=projection)
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection=projection, scale=False)
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     offset = base_in.shape[0]
@@ -201,8 +201,14 @@ def test_isometric_needs_d_at_most_d_model(tied_dir, tmp_path):
     assert not torch.equal(q, vocab.isometric_matrix(16, D_MODEL, seed=1))
 
 
-def test_scale_rule_matches_base_spread_per_level(tied_dir, tmp_path):
-    metrics = run(tied_dir, tmp_path, init="centroid", projection="pca", scale=True)
+def test_scale_rule_lifts_short_levels_to_the_base_spread_and_keeps_long_ones(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like()
+    long_rows = run(tied_dir, tmp_path / "long", codebooks, sids, token_map, init="centroid", projection="pca")
+    kept = run(tied_dir, tmp_path / "kept", codebooks, sids, token_map, init="centroid", projection="pca", scale=False)
+    assert long_rows["geometry"] == kept["geometry"]  # N(0, 1) codebooks sit farther than tiny's base rows: kept
+    assert long_rows["geometry"]["levels"][0]["distance_ratio"] > 2
+    codebooks = [cb * 1e-3 for cb in codebooks]  # far nearer mu than the base rows: lifted to their spread
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="pca", scale=True)
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -238,7 +244,8 @@ def test_random_init_follows_base_mean_and_covariance(tied_dir, tmp_path):
 
 def test_untied_lm_head_rows_are_initialised_too(untied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=D_MODEL)
-    metrics = run(untied_dir, tmp_path / "c", codebooks, sids, token_map, init="centroid", projection="truncate")
+    metrics = run(untied_dir, tmp_path / "c", codebooks, sids, token_map, init="centroid", projection="truncate",
+                  scale=False)
     assert metrics["tied"] is False
     base_in, base_out = embeddings(untied_dir)
     new_in, new_out = embeddings(tmp_path / "c" / artifacts.MODEL_DIR)
@@ -292,3 +299,61 @@ def test_model_that_already_has_sid_tokens_is_refused(tied_dir, tmp_path):
     run(tied_dir, tmp_path / "first", init="mean")
     with pytest.raises(InputError, match="already has SID tokens"):
         run(tmp_path / "first" / artifacts.MODEL_DIR, tmp_path / "second", init="mean")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("init", ["centroid", "gti"])
+def test_default_rows_sit_at_the_base_spread_in_the_base_principal_subspace(tied_dir, untied_dir, tmp_path, tied,
+                                                                            init):
+    """The defaults (projection principal, scale): every level's rows lie as far from mu as the base rows do, in
+    the span of the base rows' top principal directions, each matrix by its own statistics (untied: the head's)."""
+    base = tied_dir if tied else untied_dir
+    codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
+    codebooks = [cb * 1e-3 for cb in codebooks]  # short centred centroids, as text vectors give on a pretrained LM
+    extra = {"gti_steps": 5, "gti_max_items": 40} if init == "gti" else {}
+    metrics = run(base, tmp_path, codebooks, sids, token_map, init=init, **extra)
+    assert metrics["projection"] == "principal" and metrics["scale"] is True and metrics["tied"] is tied
+    base_in, base_out = embeddings(base)
+    new_in, new_out = embeddings(tmp_path / artifacts.MODEL_DIR)
+    n = base_in.shape[0]
+    levels = [(n, 8), (n + 8, 4)] + ([(n + 12, 3)] if init == "gti" else [])
+    for base_w, new_w in ((base_in, new_in), (base_out, new_out)):
+        stats = vocab.base_stats(base_w, n)
+        _, eigvecs = stats.eigen
+        for start, size in levels:
+            delta = new_w[start:start + size].double() - stats.mu
+            assert float(delta.norm(dim=1).mean()) == pytest.approx(stats.centred_norm_mean, rel=1e-5)
+            top = eigvecs[:, :min(size, 16)]  # m = min(K, d, d_model) principal directions
+            outside = delta - (delta @ top) @ top.T
+            assert float(outside.norm() / delta.norm()) < 1e-5
+    if init == "centroid":  # distances kept up to the level's one scale factor
+        c = torch.from_numpy(codebooks[0]).double()
+        got, want = pairwise(new_in[n:n + 8]), pairwise(c - c.mean(0))
+        ratio = got[want > 0] / want[want > 0]
+        assert float(ratio.max() - ratio.min()) < 1e-4 * float(ratio.mean())
+
+
+def test_init_vocab_reports_where_rows_sit_and_how_users_differ(tied_dir, tmp_path):
+    codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
+    codebooks = [cb * 1e-3 for cb in codebooks]
+    cfg = InitVocabConfig(device="cpu", init="centroid")
+    sequences = [[i, (i + 1) % 60, (i + 7) % 60] for i in range(70)]
+    metrics = vocab.run(cfg, tied_dir, TEXTS, codebooks, sids, token_map, tmp_path, sequences=sequences)
+    shape = metrics["geometry"]
+    assert shape["hidden_users"] == 64 and -1 <= shape["hidden_cosine"] <= 1
+    assert [lv["level"] for lv in shape["levels"]] == [0, 1, 2]
+    for lv in shape["levels"][:2]:  # scaled levels: exactly the base spread
+        assert lv["distance"] == pytest.approx(shape["base"]["distance"], rel=1e-5)
+        assert lv["distance_ratio"] == pytest.approx(1.0, rel=1e-5)
+    assert shape["base"]["distance"] == pytest.approx(metrics["base_rows_centred_norm_mean"], rel=1e-6)
+    literal = vocab.run(InitVocabConfig(device="cpu", init="centroid", projection="pca", scale=False), tied_dir,
+                        TEXTS, codebooks, sids, token_map, tmp_path / "literal", sequences=sequences)
+    assert literal["geometry"]["levels"][0]["distance_ratio"] != pytest.approx(1.0, rel=1e-3)
+
+
+def test_mean_pairwise_cosine_is_exact():
+    from gencli.core.lm.geometry import mean_pairwise_cosine
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert mean_pairwise_cosine(x) == pytest.approx((0 + 2 * 2 ** -0.5) / 3, abs=1e-12)
+    assert mean_pairwise_cosine(torch.ones(4, 3)) == pytest.approx(1.0, abs=1e-12)

@@ -91,7 +91,7 @@ def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path)
     valid_lines = [r for r in records if r["kind"] == "valid"]
     assert all(len(r["level_ce"]) == 3 and r["left_plateau"] is False for r in valid_lines)
     freq = metrics["plateau"]["frequency_ce"]
-    assert all(c > (1 - 0.05) * f for r in valid_lines for c, f in zip(r["level_ce"], freq))
+    assert all(c > (1 - 0.05) * f for r in valid_lines for c, f in zip(r["level_ce"], freq, strict=True))
     best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
     assert all(torch.equal(best[k], final[k]) for k in best)
