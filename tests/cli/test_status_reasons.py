@@ -31,3 +31,28 @@ def test_status_names_a_resumable_failure_and_a_stale_reason(tmp_path):
         cli, ["status", "--workdir", str(tmp_path / "w"), "--json"]).output)["steps"]}
     assert rows["ingest"]["state"] == "stale" and rows["ingest"]["stale_reason"] == f"input file {src} changed"
     assert rows["sft"]["state"] == "failed" and rows["sft"]["last_failure"]["resumable"] is True
+
+
+def test_after_rl_the_steps_that_picked_sft_by_auto_are_stale_and_say_why(trained_small, tmp_path):
+    """eval and recommend ran on sft's model (`--model-step auto`); once rl finished, a rerun reads rl's model, so
+    status must not call them done (the recorded inputs alone still match)."""
+    import shutil
+
+    from workdirs import EVAL, run
+
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    for args in (EVAL, ["recommend", "--k", "3"], ["rl", "--max-steps", "1", "--batch-size", "4", "--eval-users",
+                                                   "0", "--rollouts", "2", "--negatives", "1"]):
+        r, p = run(wd, *args)
+        assert r.exit_code == 0 and p["status"] == "done", r.output
+    rows = {r["step"]: r for r in json.loads(CliRunner().invoke(
+        cli, ["status", "--workdir", str(wd), "--json"]).output)["steps"]}
+    for step in ("eval", "recommend"):
+        assert rows[step]["state"] == "stale", rows[step]
+        assert rows[step]["stale_reason"] == ("model_step auto now picks rl's model, which it has not read (it read "
+                                              "sft); rerun it to use rl's"), rows[step]
+    assert rows["sft"]["state"] == rows["rl"]["state"] == "done"
+    r, p = run(wd, *EVAL)
+    assert r.exit_code == 0 and p["status"] == "done" and p["metrics"]["model_step"] == "rl", r.output
+    assert Workspace(wd).freshness("eval") == "done"
