@@ -56,3 +56,24 @@ def test_after_rl_the_steps_that_picked_sft_by_auto_are_stale_and_say_why(traine
     r, p = run(wd, *EVAL)
     assert r.exit_code == 0 and p["status"] == "done" and p["metrics"]["model_step"] == "rl", r.output
     assert Workspace(wd).freshness("eval") == "done"
+
+
+def test_escape_sequences_and_markup_stored_in_a_manifest_reach_the_terminal_written_out(small_embedded, tmp_path):
+    """A metric, a finish time and a failure read from manifest.json are shown, not obeyed: no ESC, BEL or CR of
+    theirs reaches the terminal, and rich markup in them is printed as text."""
+    import shutil
+
+    wd = tmp_path / "work"
+    shutil.copytree(small_embedded, wd)
+    manifest = wd / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["steps"]["ingest"]["metrics"]["users"] = "\x1b]0;owned\x07\x1b[2J[red]x[/red]\rhidden"
+    data["steps"]["ingest"]["finished"] = "\x1b[31m2026"
+    data["steps"]["embed"]["last_failure"] = {"at": "now", "error": "bad\x1b[8m", "resumable": False}
+    data["steps"]["embed"]["status"] = "failed"
+    manifest.write_text(json.dumps(data))
+    human = CliRunner().invoke(cli, ["status", "--workdir", str(wd)], env={"COLUMNS": "400"})
+    assert human.exit_code == 0, human.output
+    assert not any(c in human.output for c in "\x1b\x07\r"), repr(human.output)
+    assert "\\x1b]0;owned\\x07\\x1b[2J[red]x[/red]\\x0dhidden" in human.output
+    assert "\\x1b[31m2026" in human.output and "bad\\x1b[8m" in human.output
