@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-
 _CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
 _CONTROL_BUT_NEWLINE = {code: shown for code, shown in _CONTROL.items() if code != 0x0A}
 
