@@ -39,7 +39,7 @@ def check_target(ws, out_dir: Path, force: bool = False) -> None:
         raise InputError(f"{out_dir} is inside the workdir {ws.root}; export to a folder outside it")
     if out in root.parents:
         raise InputError(f"{out_dir} holds the workdir {ws.root}; export to a folder outside it")
-    found = owner(out_dir)
+    found = None if out_dir.is_symlink() else owner(out_dir)  # write_bundle refuses a link (--promote's) by name
     if found is None:
         return
     kind, folder = found
