@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 # the serving fixtures (bundles, recommenders, users, serving, relink), used by tests/core/serve, tests/server and
-# tests/bench: a conftest of their own would be seen by one folder only
-pytest_plugins = ["servers"]
+# tests/bench: a conftest of their own would be seen by one folder only; and under CI=true a skip outside the
+# allowlist of tests/skips.py fails
+pytest_plugins = ["servers", "skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"

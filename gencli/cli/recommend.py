@@ -33,7 +33,8 @@ def _options(f):
                           "as `run --promote` keeps) instead of a workdir's; users and histories come from the "
                           "bundle, or from --workdir when it is given."),
         click.option("--output", default=None, metavar="FILE",
-                     help="Write .parquet, .csv or .jsonl (by extension); '-' streams JSON Lines to stdout."),
+                     help="Write .parquet, .csv or .jsonl (by extension), outside every workdir and bundle; '-' "
+                          "streams JSON Lines to stdout."),
         click.option("--jsonl-shape", type=click.Choice(["user", "item"]), default="user", show_default=True,
                      help="JSON Lines (.jsonl, '-'): one object per user with its list of items, or one per "
                           "recommended item (the columns of the .parquet/.csv table)."),

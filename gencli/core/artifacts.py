@@ -35,6 +35,9 @@ METRICS_JSONL = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 BEST_DIR = "best"
 
+# a bundle (gencli export DIR): the file that makes a folder a bundle (core/infer/bundle.py)
+BUNDLE_JSON = "gencli.json"
+
 # eval/, cold-eval/
 PREDICTIONS = "predictions.parquet"
 METRICS_JSON = "metrics.json"

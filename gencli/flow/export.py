@@ -26,8 +26,11 @@ def source_digests(ws, step: str) -> dict[str, str]:
     return {name: ws.manifest.get(name)["digest"] for name in dict.fromkeys(sources) if ws.done(name)}
 
 
-def check_target(ws, out_dir: Path) -> None:
-    """A bundle goes outside the workdir, into a workdir that holds finished steps."""
+def check_target(ws, out_dir: Path, force: bool = False) -> None:
+    """A bundle goes outside every workdir and bundle, from a workdir that holds finished steps; ``--force`` replaces
+    only a bundle exported from this very workdir (another's may be serving or be the only copy of its model)."""
+    from gencli.workspace.places import BUNDLE, owner, refusal
+
     if not (ws.root / "manifest.json").exists():
         raise InputError(f"workdir {ws.root} holds no finished steps; train a model first "
                          "(`gencli run sample_data/pipeline.toml`) or point --workdir at one")
@@ -36,6 +39,33 @@ def check_target(ws, out_dir: Path) -> None:
         raise InputError(f"{out_dir} is inside the workdir {ws.root}; export to a folder outside it")
     if out in root.parents:
         raise InputError(f"{out_dir} holds the workdir {ws.root}; export to a folder outside it")
+    found = None if out_dir.is_symlink() else owner(out_dir)  # write_bundle refuses a link (--promote's) by name
+    if found is None:
+        return
+    kind, folder = found
+    if kind == BUNDLE and folder == out and not force:
+        return  # write_bundle says it is not empty and that --force replaces it
+    if kind == BUNDLE and folder == out and _exported_from(folder) == root:
+        return
+    if kind == BUNDLE and folder == out:
+        raise InputError(f"export --force {out_dir}: that bundle was exported from another workdir "
+                         f"({_exported_from(folder) or 'not recorded'}), not from {ws.root}, and may be the only copy "
+                         "of its model; nothing was replaced: export to a new folder, or remove that bundle yourself")
+    raise refusal(f"export {out_dir}", out_dir, kind, folder, fix="export to a folder outside it")
+
+
+def _exported_from(bundle: Path) -> Path | None:
+    """The workdir a bundle's gencli.json says it was exported from, resolved; None when it does not say."""
+    from gencli.core.artifacts import BUNDLE_JSON
+    from gencli.fileio import parse_json
+
+    try:
+        meta = parse_json((bundle / BUNDLE_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    source = meta.get("source") if isinstance(meta, dict) else None
+    where = source.get("workdir") if isinstance(source, dict) else None
+    return Path(where).resolve() if isinstance(where, str) and where else None
 
 
 def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int = 0, force: bool = False,
@@ -85,5 +115,5 @@ def export_workdir(workdir: Path, out_dir: Path, model_step: str = "auto", max_h
     from gencli.workspace import Workspace
 
     ws = Workspace(workdir)
-    check_target(ws, out_dir)
+    check_target(ws, out_dir, force)
     return export_bundle(ws, out_dir, model_step, max_history, force, users=users)

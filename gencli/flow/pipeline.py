@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED, storage_message
+from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_PROMOTED, LockedError, storage_message
 from gencli.flow.plan import Plan
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
             if isinstance(error, SystemExit):
                 raise
             code = EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else getattr(error, "exit_code", EXIT_FAILED)
-            entry.update({"seconds": round(time.time() - t0, 2), "status": f"failed (exit {code})",
+            what = "locked" if isinstance(error, LockedError) else "failed"  # another run holds the workdir
+            entry.update({"seconds": round(time.time() - t0, 2), "status": f"{what} (exit {code})",
                           "exit_code": code, "error": storage_message(error, workdir) or str(error)})
             report.steps.append(entry)
             report.error, report.failed_step, report.exit_code = error, name, code

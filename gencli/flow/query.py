@@ -117,6 +117,10 @@ def answer(cfg, query: Query, progress=None) -> Answers:
     output = query.output
     if output is not None and output != "-" and Path(output).suffix.lower() not in OUTPUT_SUFFIXES:
         raise InputError(f"--output {output}: use a .parquet, .csv or .jsonl file, or '-' for JSON Lines on stdout")
+    if output is not None and output != "-":
+        from gencli.workspace.places import check_output
+
+        check_output(output)  # before any model is read: a query writes into no workdir and no bundle
     ws = None
     if query.bundle is None:
         from gencli.workspace import default_workdir

@@ -10,6 +10,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_CONTROL_BUT_NEWLINE = {code: shown for code, shown in _CONTROL.items() if code != 0x0A}
+
+
+def safe(value: Any, newlines: bool = False) -> str:
+    """Text that came from a file (a metric, a path, an id, a message quoting one) as a terminal must show it: every
+    control character written out (``\\x1b``: an escape sequence stored in a manifest neither recolours nor rewrites
+    the screen, a CR does not hide what precedes it) and rich markup escaped. ``newlines``: keep line breaks (our
+    own multi-line messages)."""
+    from rich.markup import escape
+
+    return escape(str(value).translate(_CONTROL_BUT_NEWLINE if newlines else _CONTROL))
+
 
 def emit_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, default=str) + "\n")
@@ -44,7 +57,7 @@ def metrics_table(title: str, metrics: dict[str, Any]):
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in flatten(metrics).items():
-        table.add_row(k, "-" if v is None else fmt(v))
+        table.add_row(safe(k), "-" if v is None else safe(fmt(v)))
     return table
 
 
@@ -92,16 +105,14 @@ def print_step_result(step: str, status: str, metrics: dict[str, Any], seconds: 
                       verbose: bool = False, in_run: bool = False) -> None:
     """One line per step with its key metrics, then a ranking step's table; ``verbose``: every metric too.
     ``in_run``: inside ``gencli run``, which names the workdir once and shows the ranking tables at its end."""
-    from rich.markup import escape
-
     c = console()
     if status == "up-to-date":
-        where = "" if in_run else f" ({escape(folder)})"
+        where = "" if in_run else f" ({safe(folder)})"
         c.print(f"[green]✓[/green] {step} is up to date{where}; use --force to rerun", soft_wrap=True)
     else:  # in a run a ranking step's numbers are in its table at the end
         shown = "" if in_run and _is_ranking(step) else key_metrics_text(key_metrics(step, metrics))
-        line = f"[green]✓[/green] {step} done in {seconds:.1f}s{'' if in_run else f' → {escape(folder)}'}" \
-               f"{': ' + escape(shown) if shown else ''}"
+        line = f"[green]✓[/green] {step} done in {seconds:.1f}s{'' if in_run else f' → {safe(folder)}'}" \
+               f"{': ' + safe(shown) if shown else ''}"
         if in_run:  # one line per step, cut at the terminal's width (status and step.json have them all)
             c.print(line, no_wrap=True, overflow="ellipsis")
         else:
@@ -121,20 +132,16 @@ def _is_ranking(step: str) -> bool:
 
 
 def print_error(message: str, code: int) -> None:
-    from rich.markup import escape
-
     with log_pipe():  # the exit code is what counts when nobody reads stderr any more
-        console(stderr=True).print(f"[bold red]error[/bold red] (exit {code}): {escape(message)}", soft_wrap=True)
+        console(stderr=True).print(f"[bold red]error[/bold red] (exit {code}): {safe(message, newlines=True)}", soft_wrap=True)
 
 
 def print_warnings(warnings: list[str]) -> None:
     """One ``warning:`` line per entry on stderr (a step's metrics carry them; --json shows them there)."""
-    from rich.markup import escape
-
     with log_pipe():
         c = console(stderr=True)
         for message in warnings:
-            c.print(f"[yellow]warning[/yellow]: {escape(message)}", soft_wrap=True)
+            c.print(f"[yellow]warning[/yellow]: {safe(message, newlines=True)}", soft_wrap=True)
 
 
 @contextmanager

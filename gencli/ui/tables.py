@@ -13,27 +13,27 @@ STATE_COLOURS = {"done": "green", "stale": "yellow", "failed": "red", "running":
 
 def print_status(workdir: Path | str, steps: list[dict[str, Any]]) -> None:
     """``gencli status``: one row per step (state, finished, time, key metrics, or why it is stale or failed)."""
-    from rich.markup import escape
     from rich.table import Table
 
-    from gencli.ui.output import console, key_metrics_text
+    from gencli.ui.output import console, key_metrics_text, safe
 
     table = Table(title=f"gencli workdir {workdir}")
     for col in ("step", "state", "finished", "time", "key metrics"):
         table.add_column(col)
     for row in steps:
-        shown = escape(key_metrics_text(row["key_metrics"]))
+        shown = safe(key_metrics_text(row["key_metrics"]))
         if row.get("stale_reason"):
-            shown = f"[yellow]{escape(row['stale_reason'])}[/yellow]; {shown}" if shown else \
-                f"[yellow]{escape(row['stale_reason'])}[/yellow]"
+            shown = f"[yellow]{safe(row['stale_reason'])}[/yellow]; {shown}" if shown else \
+                f"[yellow]{safe(row['stale_reason'])}[/yellow]"
         if row.get("last_failure") and row["state"] != "done":
             failure = row["last_failure"]
             resume = " (resumable: rerun the same command to continue)" if failure.get("resumable") else ""
-            shown = f"[red]{escape(failure['error'][:80])}{resume}[/red]"
+            shown = f"[red]{safe(failure['error'][:80])}{resume}[/red]"
         secs = f"{row['seconds']:.1f}s" if row["seconds"] is not None else ""
         state = row["state"]
-        finished = (row["finished"] or "")[:16].replace("T", " ")
-        table.add_row(row["step"], f"[{STATE_COLOURS.get(state, 'white')}]{state}[/]", finished, secs, shown)
+        finished = safe((row["finished"] or "")[:16].replace("T", " "))
+        table.add_row(safe(row["step"]), f"[{STATE_COLOURS.get(state, 'white')}]{safe(state)}[/]", finished, secs,
+                      shown)
     console().print(table)
 
 

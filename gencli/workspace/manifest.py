@@ -76,6 +76,22 @@ def _manifest_problem(data: Any) -> str | None:
             return f"the 'inputs' of step {name!r} are not objects with a sha256"
         if entry.get("status") == "done" and not isinstance(entry.get("digest"), str):
             return f"step {name!r} is done but has no outputs 'digest'"
+        seconds = entry.get("seconds")
+        if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                        and 0 <= seconds < float("inf")):
+            return f"the 'seconds' of step {name!r} is {json.dumps(seconds)[:40]}, not a duration in seconds"
+        if entry.get("finished") is not None and not isinstance(entry["finished"], str):
+            return f"the 'finished' of step {name!r} is {json.dumps(entry['finished'])[:40]}, not a time"
+    return None
+
+
+def _journal_problem(data: Any) -> str | None:
+    """What makes ``data`` unusable as a commit journal: it must name the step.json it vouches for by sha256."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    digest = data.get("step_json_sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        return "its 'step_json_sha256' is missing or not a sha256"
     return None
 
 
@@ -93,7 +109,7 @@ def _record_problem(data: Any) -> str | None:
     return None
 
 
-_SHAPES = {"manifest": _manifest_problem, "step record": _record_problem}
+_SHAPES = {"manifest": _manifest_problem, "step record": _record_problem, "commit journal": _journal_problem}
 
 
 class Manifest:

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gencli.errors import ArtifactError, InputError, LockedError
+from gencli.errors import ArtifactError, GencliError, InputError, LockedError
 from gencli.steps import resumable
 from gencli.workspace.env import package_versions
 from gencli.workspace.hashing import describe_outputs, sha256_file, sha256_json
 from gencli.workspace.journal import STAGING, STEP_JSON, pending, settle, write_journal
 from gencli.workspace.lock import LOCK_NAME, WorkdirLock
 from gencli.workspace.manifest import Manifest, read_json, write_json_atomic
+from gencli.workspace.places import check_workdir
 
 DEFAULT_WORKDIR = "gencli-work"
 
@@ -46,6 +47,7 @@ class StepRun:
 
 class Workspace:
     def __init__(self, root: Path):
+        check_workdir(Path(root))
         self.root = Path(root)
         self.lock = WorkdirLock(self.root) if self.root.exists() else None
         if self.lock is not None:
@@ -192,7 +194,32 @@ class Workspace:
             elif "path" in inp and _file_changed(Path(inp["path"]), inp):
                 return f"input file {inp['path']} changed"
         problems = self.verify_outputs(name)
-        return problems[0] if problems else None
+        return problems[0] if problems else self._model_moved(name)
+
+    def _model_moved(self, name: str) -> str | None:
+        """Why a step that picked its model with ``auto`` would read another one now (rl finished after eval ran:
+        a rerun evaluates rl's model), or None: what a rerun's inputs, and so its fingerprint, would change by."""
+        from gencli.steps import STEPS, model_steps
+
+        step = STEPS.get(name)
+        if step is None or not step.model:
+            return None
+        read = [inp["step"] for inp in self.manifest.get(name).get("inputs", {}).values()
+                if inp.get("step") in model_steps() and "artifact" not in inp]
+        if step.model == "every":
+            new = [s for s in model_steps() if self.done(s) and s not in read]
+            return f"model step {new[0]} finished since it ran" if new else None
+        wanted = self.step_record(name).get("params", {}).get(step.model)
+        if wanted != "auto":
+            return None
+        try:
+            now = self.pick_model("auto", name)
+        except GencliError:
+            return None
+        if now in read:
+            return None
+        return (f"{step.model} auto now picks {now}'s model, which it has not read (it read "
+                f"{', '.join(read) or 'none'}); rerun it to use {now}'s")
 
     # ---- running a step ------------------------------------------------------------------------
     def begin(

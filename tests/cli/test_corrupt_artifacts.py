@@ -44,6 +44,31 @@ def test_an_edited_or_cut_short_manifest_is_exit_2_for_a_step_and_for_status(wd,
         refused(wd, *command, names=[manifest, "gencli ingest"])
 
 
+@pytest.mark.parametrize(("field", "value", "said"), [("seconds", "x", "'seconds' of step 'sft' is \"x\""),
+                                                    ("finished", 1e308, "'finished' of step 'sft' is 1e+308"),
+                                                    ("seconds", float("inf"), "'seconds' of step 'sft' is Infinity")])
+def test_a_manifest_entry_with_a_wrong_time_is_exit_2_for_status_not_a_crash(wd, field, value, said):
+    import json
+
+    manifest = wd / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["steps"]["sft"][field] = value
+    manifest.write_text(json.dumps(data))
+    for command in (["status"], ["embed"]):
+        refused(wd, *command, names=[manifest, said, "gencli ingest"])
+
+
+@pytest.mark.parametrize("content", ['{"step": "sft"}', "[]", '{"step_json_sha256": 3}'])
+def test_a_commit_journal_of_the_wrong_shape_is_exit_2_naming_it_in_every_command(wd, content):
+    journal = wd / ".staging" / "sft.commit.json"
+    journal.parent.mkdir(exist_ok=True)
+    journal.write_text(content)
+    for command in (["status"], ["embed"], [*EVAL]):
+        refused(wd, *command, names=[journal, "delete it to abandon that interrupted commit"])
+    journal.unlink()
+    assert run(wd, "status")[0].exit_code == 0
+
+
 def test_a_cut_short_step_json_is_exit_2_for_the_step_that_reads_it(wd):
     intact = (wd / "ingest" / "step.json").read_bytes()
     cut(wd / "ingest" / "step.json")

@@ -110,7 +110,9 @@ def test_night_one_on_a_fresh_machine_under_crons_environment(small_sample, tmp_
     again = cron(root, "d1")
     assert again.returncode == 2
     assert log_lines(root, "d1.1.log") == lines and (root / "logs" / "d1.1.json").is_file()  # kept, not overwritten
-    assert re.search(r"night d1: started .*--previous|night d1: started", log_lines(root, "d1.log")[0])
+    started = STAMP + rf" night d1: started \(pid (\d+), {root}/venv/bin/gencli, first night: no --previous\)"
+    second = re.fullmatch(started, log_lines(root, "d1.log")[0])  # the second attempt's own log: no current yet
+    assert second and second.group(1) != re.fullmatch(started, lines[0]).group(1), log_lines(root, "d1.log")[0]
 
     with open(root / ".nightly.lock", "w") as held:  # the previous night still runs
         fcntl.flock(held, fcntl.LOCK_EX)

@@ -80,6 +80,39 @@ def _in_small_disk(tmp_path: Path, script: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+SAVE_ON_A_FULL_DISK = """
+import json, sys, torch
+from pathlib import Path
+from gencli.cli.common import message
+from gencli.core.train.checkpoints import save_atomic
+
+def write(path):  # a checkpoint's trainer_state.pt: torch.save names no errno when the disk fills
+    torch.save({"optimizer": torch.zeros(1 << 20)}, path / "trainer_state.pt")
+
+final = Path(sys.argv[1]) / "checkpoints" / "step-000003"
+try:
+    save_atomic(final, write)
+except Exception as error:
+    code, text = message(error, json_mode=True, where=sys.argv[1])
+    left = sorted(p.name for p in final.parent.iterdir())
+    print(json.dumps({"type": type(error).__name__, "code": code, "text": text, "left": left}))
+"""
+
+
+@needs_namespaces
+def test_torch_save_filling_the_disk_is_the_full_disk_message_and_leaves_no_partial_checkpoint(tmp_path):
+    """torch.save raises RuntimeError ("[enforce fail at inline_container.cc:672] . unexpected pos"), not OSError,
+    on ENOSPC: sft's checkpoint save gave two tracebacks and "unexpected RuntimeError"."""
+    (tmp_path / "save.py").write_text(SAVE_ON_A_FULL_DISK)
+    _in_small_disk(tmp_path, "set -e\nmount -t tmpfs -o size=256k tmpfs $SMALL\n"
+                   f"{shlex.quote(sys.executable)} $OUT/save.py $SMALL > $OUT/save.out\n")
+    outcome = json.loads((tmp_path / "save.out").read_text())
+    assert outcome["type"] == "OSError" and outcome["code"] == EXIT_FAILED, outcome
+    assert outcome["text"].startswith(f"no space left on the device holding {tmp_path / 'small' / 'checkpoints'}")
+    assert "rerun the same command" in outcome["text"] and "continues from its last checkpoint" in outcome["text"]
+    assert outcome["left"] == []  # the half-written .tmp-step-000003 is gone: it held the space
+
+
 def _outcome(tmp_path: Path, name: str) -> tuple[int, dict, str]:
     out = (tmp_path / f"{name}.out").read_text()
     return (int((tmp_path / f"{name}.rc").read_text()), json.loads(out.strip().splitlines()[-1]) if out.strip()

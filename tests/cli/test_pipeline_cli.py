@@ -203,3 +203,28 @@ def test_eval_prune_is_recorded_and_exact_at_keep_ratio_one(piped, tmp_path):
     assert json.loads((wd / "eval" / "metrics.json").read_text())["prune"] == pruned
     bad = CliRunner().invoke(cli, [*base, "--stamp-layer", "4", "--force"])
     assert bad.exit_code == 2 and "--stamp-layer must be in [1, 3] for this 4-layer model" in _json(bad)["error"]
+
+
+def test_a_run_that_finds_the_workdir_locked_says_locked_in_its_log_not_failed(small_sample, tmp_path):
+    """Two `gencli run` on one workdir: the second exits 3 as documented, and its log lines, JSON and summary say
+    the workdir is locked (a night's log read "step ingest: failed")."""
+    from gencli.errors import EXIT_LOCKED
+    from gencli.workspace.lock import WorkdirLock
+
+    config = night(tmp_path, pipeline_toml(["ingest"], {"ingest": ingest(small_sample.folder)}))
+    work = tmp_path / "work"
+    work.mkdir()
+    held = WorkdirLock(work)
+    held.acquire("ingest")  # the first run, mid-step
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("CI", "GENCLI_NO_PROGRESS")}
+        done = subprocess.run([sys.executable, "-m", "gencli", "run", str(config), "--workdir", str(work), "--json"],
+                              capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        held.release()
+    assert done.returncode == EXIT_LOCKED, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["steps"][0]["status"] == "locked (exit 3)" and report["summary"] == "steps: ingest locked (exit 3)"
+    log = [line.split(" ", 3)[-1] for line in done.stderr.splitlines()]  # the timestamp cut off
+    assert any(line.startswith("step ingest: locked (exit 3) in ") for line in log), done.stderr
+    assert "failed" not in done.stderr, done.stderr

@@ -83,12 +83,42 @@ def save_atomic(final: Path, write: Callable[[Path], None]) -> None:
     tmp, old = final.with_name(f".tmp-{final.name}"), final.with_name(f".old-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except RuntimeError as exc:
+        full = disk_full(exc, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)  # a part of a checkpoint is of no use, and holds the space
+        if full is None:
+            raise
+        raise full from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+FULL_BELOW = 16 << 20  # bytes free under which a failed write was the disk filling up
+
+
+def disk_full(error: RuntimeError, folder: Path) -> OSError | None:
+    """The ENOSPC OSError (which :func:`gencli.errors.storage_message` turns into its message) behind torch.save's
+    RuntimeError, which names no errno ("[enforce fail at inline_container.cc:672] . unexpected pos"): the write
+    failed and the device holding ``folder`` is full; None for any other RuntimeError."""
+    import errno
+
+    if "inline_container.cc" not in str(error) and "PytorchStreamWriter" not in str(error):
+        return None
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= FULL_BELOW:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder.parent))
 
 
 def hf_writer(model: torch.nn.Module, tokenizer: Any) -> Callable[[Path], None]:

@@ -325,17 +325,29 @@ class _Run:
                                 self.state.global_step)
 
     def diverged(self, what: str, iteration: int) -> TrainingDiverged:
-        """The error that stops a diverged run: which step, which iteration, the likely cause and what is kept."""
+        """The error that stops a diverged run: which step, which iteration, the likely cause and what is kept.
+
+        The cause named is the option furthest above the top of its usual range (rl's ``--kl`` for grpo and
+        ``--beta`` for dpo scale the loss as the learning rate scales the step); the learning rate when none is."""
         step = self.cfg.task
         lr = self.optimizer.param_groups[0]["lr"]
         kept = list_checkpoints(self.ckpt_dir)
         rerun = (f"rerunning the same command resumes from {kept[-1]}" if kept else
                  "no checkpoint was saved before it, so a rerun starts over")
+        usual = [("--lr", self.cfg.peak_lr, 1e-2)]  # (option, value, top of its usual range)
+        if step == "rl":
+            usual.append(("--kl", self.cfg.kl, 10.0) if self.cfg.method == "grpo" else ("--beta", self.cfg.beta, 100.0))
+        option, value, top = max(usual, key=lambda u: u[1] / u[2])
+        if option == "--lr" or value <= top:
+            cause = (f"the learning rate (--lr {self.cfg.lr:g}; {lr:.3g} at this iteration of the schedule): rerun "
+                     "with a lower --lr and --force")
+        else:
+            cause = (f"{option} {value:g}, far above its usual range (up to {top:g}): rerun with a smaller {option} "
+                     "and --force")
         return TrainingDiverged(
             f"{step} diverged at iteration {iteration} of {self.state.max_steps}: {what}. No weights of it were "
             f"saved and nothing was committed: the previous {step} model and its manifest entry stay as they were. "
-            f"The likely cause is the learning rate (--lr {self.cfg.lr:g}; {lr:.3g} at this iteration of the "
-            f"schedule): rerun with a lower --lr and --force; {rerun}")
+            f"The likely cause is {cause}; {rerun}")
 
     def _write_checkpoint(self, path: Path) -> None:
         self.save_model(path)

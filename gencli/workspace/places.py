@@ -1,0 +1,80 @@
+"""Which folder a path belongs to: a workdir or a bundle, found from any path inside them (through symbolic links
+and ``..``), so that a command writes into one only when it owns it.
+
+A workdir's steps are recorded by hash: a file written there by anything but its step makes the steps stale, or
+replaces an artifact. A bundle holds exactly the files its gencli.json lists, with their checksums: one file more
+or changed and its next load is refused. So a query's ``--output``, an export's folder and a ``--workdir`` are
+checked here before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gencli.core.artifacts import BUNDLE_JSON
+from gencli.errors import InputError
+from gencli.fileio import parse_json
+from gencli.workspace.manifest import MANIFEST_NAME
+
+WORKDIR = "workdir"
+BUNDLE = "bundle"
+
+WHY = {
+    WORKDIR: "its steps are recorded by hash, and a file written there by anything but its step makes them stale or "
+             "replaces an artifact",
+    BUNDLE: "a bundle holds exactly the files its gencli.json lists, so a file written there makes its next load "
+            "refused",
+}
+
+
+def is_bundle(folder: Path) -> bool:
+    """A folder written by ``gencli export`` (its gencli.json is there)."""
+    return (folder / BUNDLE_JSON).is_file()
+
+
+def is_workdir(folder: Path) -> bool:
+    """A folder where a gencli step finished: its manifest.json of steps (neither another tool's ``.lock``, as
+    pytest's temporary folders hold, nor a web site's manifest.json, which has no ``steps``, make one)."""
+    manifest = folder / MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    try:
+        data = parse_json(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("steps"), dict) and "version" in data
+
+
+def owner(path: Path) -> tuple[str, Path] | None:
+    """(``workdir`` or ``bundle``, the folder) of the nearest gencli folder that is ``path`` or holds it, with
+    symbolic links and ``..`` resolved as the file system will; None when it is in neither."""
+    resolved = Path(path).expanduser().resolve()
+    for folder in (resolved, *resolved.parents):
+        if folder.is_dir():
+            if is_bundle(folder):
+                return BUNDLE, folder
+            if is_workdir(folder):
+                return WORKDIR, folder
+    return None
+
+
+def refusal(what: str, path: Path, kind: str, folder: Path, fix: str = "give a path outside it") -> InputError:
+    """The error for writing ``what`` (the option and its value) into the ``kind`` at ``folder``."""
+    where = "is" if Path(path).expanduser().resolve() == folder else "is inside"
+    return InputError(f"{what} {where} the {kind} {folder}: {WHY[kind]}; nothing was written, {fix}")
+
+
+def check_output(path: Path | str, option: str = "--output") -> None:
+    """A file a command writes for the user (``recommend --output``) lands in no workdir and no bundle."""
+    found = owner(Path(path))
+    if found is not None:
+        raise refusal(f"{option} {path}", Path(path), *found)
+
+
+def check_workdir(root: Path) -> None:
+    """A ``--workdir`` is never a bundle, nor a folder inside one: a step would write its lock, its folders and a
+    manifest.json into the bundle."""
+    found = owner(root)
+    if found is not None and found[0] == BUNDLE:
+        raise refusal(f"--workdir {root}", root, *found,
+                      fix="read a bundle with --bundle, and give --workdir a folder outside it")
