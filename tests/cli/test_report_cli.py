@@ -1,0 +1,56 @@
+"""`gencli report` writes one self-contained page: every picture a PNG data URI of the size it was drawn at, a
+Content-Security-Policy that lets the browser fetch nothing, no script, well under 5 MB; a missing workdir is exit 2
+with nothing written."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from workdirs import refused
+
+from gencli.cli import cli
+from gencli.ui.report import CSP
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def pictures(page: str) -> list:
+    """Every <img> of the page as an RGBA array (matplotlib reads PNG without a display)."""
+    from matplotlib import image
+
+    sources = re.findall(r'<img [^>]*src="([^"]*)"', page)
+    assert all(s.startswith("data:image/png;base64,") for s in sources), [s[:40] for s in sources]
+    return [image.imread(io.BytesIO(base64.b64decode(s.split(",", 1)[1])), format="png") for s in sources]
+
+
+def test_the_page_is_self_contained_and_its_charts_are_drawn(trained_small, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    out = tmp_path / "out" / "report.html"
+    r = CliRunner().invoke(cli, ["report", "--workdir", str(wd), "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)
+    assert shown == {"status": "done", "output": str(out), "bytes": out.stat().st_size, "problems": []}
+    page = out.read_text(encoding="utf-8")
+    assert out.stat().st_size < 5 * 1024 * 1024
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
+    assert not re.search(r"<script|<link|<iframe|url\(|https?://", page)
+    training, blend = pictures(page)  # sft's curves and the blend's shares (no eval, no probe: not run)
+    assert training.shape[:2] == (240, 960) and blend.shape[:2] == (160, 800)
+    for picture in (training, blend):
+        assert picture[..., :3].std() > 0.05  # drawn, not a blank canvas
+    record = json.loads((wd / "sft" / "step.json").read_text())["metrics"]
+    assert f"<td>peak_step</td><td>{record['peak_step']}</td>" in page
+    assert page.count('class="muted">not run (') == 3  # evaluation, probe, recommendations
+
+
+def test_a_missing_workdir_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    message = refused(tmp_path / "missing", "report", names=[tmp_path / "missing"])
+    assert "does not exist" in message and not (tmp_path / "report.html").exists()
