@@ -6,24 +6,25 @@ from pathlib import Path
 
 import click
 
-from gencli.cli.common import JSON_OPTION, fail, resolve_workdir, workdir_option
+from gencli.cli.common import JSON_OPTION, fail, require, resolve_workdir, workdir_option
 
 MAX_BYTES = 5 * 1024 * 1024  # what a mail attachment carries; the page is far below it
 
 
 @click.command("report")
+@click.argument("dirs", nargs=-1, metavar="[DIR]...", type=click.Path(path_type=Path))
 @workdir_option
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
               show_default=True, help="The HTML file to write (replaced when it exists).")
-@click.option("--nights", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
-              help="Compare nights instead: a night's workdir (followed back along its --previous chain) or a "
-                   "--promote link (every night its promotions.jsonl judged); repeatable.")
+@click.option("--nights", is_flag=True,
+              help="Compare the nights the DIRs name instead: each a night's workdir (followed back along its "
+                   "--previous chain) or a --promote link (every night its promotions.jsonl judged).")
 @click.option("--threshold", type=float, default=0.05, show_default=True,
               help="With --nights: flag a night whose key metric fell more than this share below the last promoted "
                    "night's.")
 @JSON_OPTION
-def report(workdir, output, nights, threshold, json_mode):
-    """Write one HTML file (charts and styles inline, nothing fetched) showing a run from its workdir's files.
+def report(dirs, workdir, output, nights, threshold, json_mode):
+    """Write one HTML file (charts and styles inline, nothing fetched) of a run, or of nights side by side.
 
     Status, training curves (loss, learning rate, tokens/s, validations, the kept checkpoint and why training
     stopped), eval and cold-eval under both seen-item policies, the blend's shares, probe's pictures and a few
@@ -40,11 +41,13 @@ def report(workdir, output, nights, threshold, json_mode):
     from gencli.ui import report as page
     from gencli.ui.output import emit_json
 
+    require(nights == bool(dirs), "DIR arguments go with --nights (gencli report --nights DIR...), and --nights "
+                                  "needs at least one DIR: a night's workdir or the --promote link", json_mode)
     try:
         if nights:
             from gencli.flow.nights import read_nights
 
-            data = read_nights(list(nights), threshold)
+            data = read_nights(list(dirs), threshold)
             text = page.render_nights(data)
         else:
             from gencli.flow.report import read_report

@@ -15,7 +15,7 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:32px}
 h3{font-size:15px}table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;
-text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block}
+text-align:left;vertical-align:top}th{background:#f4f4f4}td.n{text-align:right;white-space:nowrap}img{max-width:100%;display:block}
 .muted{color:#777}.bad{color:#b00020}.good{color:#1b7a3a}.flag{background:#fff3d6}"""
 SHOWN_K = 10  # the cutoff of the eval charts (the tables show every k)
 
@@ -38,9 +38,14 @@ def image(data: bytes, alt: str) -> str:
     return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
 
 
+def cell(value: Any) -> str:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f'<td class="n">{number(value)}</td>' if numeric else f"<td>{number(value)}</td>"
+
+
 def table(header: list[str], rows: list[list[Any]], classes: list[str] | None = None) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join(f'<tr class="{(classes or [""] * len(rows))[i]}">' + "".join(f"<td>{number(c)}</td>" for c in row)
+    body = "".join(f'<tr class="{(classes or [""] * len(rows))[i]}">' + "".join(cell(c) for c in row)
                    + "</tr>" for i, row in enumerate(rows))
     return f"<table><tr>{head}</tr>{body}</table>"
 

@@ -128,5 +128,6 @@ def nights_chart(nights: list[dict[str, Any]], metrics: list[str]) -> bytes:
                 ax.scatter([i], [values[i]], s=160, facecolors="none", edgecolors=COLORS["flagged"], zorder=4)
         ax.set_title(metric, fontsize=10)
         ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=20)
+        ax.set_xlim(-0.5, len(labels) - 0.5)  # every chart spans every night, whichever it has
         ax.tick_params(labelsize=7)
     return png(fig)

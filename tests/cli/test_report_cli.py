@@ -46,7 +46,8 @@ def test_the_page_is_self_contained_and_its_charts_are_drawn(trained_small, tmp_
     for picture in (training, blend):
         assert picture[..., :3].std() > 0.05  # drawn, not a blank canvas
     record = json.loads((wd / "sft" / "step.json").read_text())["metrics"]
-    assert f"<td>peak_step</td><td>{record['peak_step']}</td>" in page
+    peak = record["peak_step"]
+    assert f'<td>peak_step</td><td class="n">{peak}</td>' in page
     assert page.count('class="muted">not run (') == 3  # evaluation, probe, recommendations
 
 

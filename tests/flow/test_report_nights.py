@@ -12,8 +12,10 @@ import json
 import shutil
 
 import pytest
+from click.testing import CliRunner
 from workdirs import run
 
+from gencli.cli import cli
 from gencli.errors import InputError
 from gencli.flow.nights import read_nights
 from gencli.flow.promote import promote
@@ -54,6 +56,10 @@ def test_the_trail_names_every_night_its_decision_and_the_drop_is_flagged(season
     page = render_nights(view)
     assert second["reason"].split(";")[0] in page.replace("&lt;", "<").replace("&gt;", ">")
     assert page.count("<img") == 1 and "night2" in page
+    out = root / "season.html"
+    r = CliRunner().invoke(cli, ["report", "--nights", str(root / "current"), "--output", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["nights"] == 2, r.output
+    assert out.read_text(encoding="utf-8").count('<tr class="flag">') == 1  # night 2's row
 
 
 def test_a_workdir_brings_its_previous_chain_and_a_loose_threshold_flags_nothing(season):
