@@ -11,6 +11,7 @@ from workdirs import run
 
 from gencli.errors import InputError
 from gencli.flow.report import read_report
+from gencli.ui.report import render
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,6 +64,14 @@ def test_every_section_holds_the_numbers_of_the_step_files(finished):
     assert report["probe"][0]["png"] == (finished / "probe" / report["probe"][0]["name"]).read_bytes()
     users = report["examples"]["users"]
     assert len(users) == 3 and all(len(u["items"]) == 3 and u["items"][0]["title"] for u in users)
+
+    page = render(report)  # status, sft, eval, cold-eval, blend, probe, recommendations
+    for ranking in report["rankings"]:
+        for policy in ranking["policies"]:
+            overall = policy["blocks"]["overall"]
+            assert f'<td>overall</td><td class="n">{overall["recall@5"]:.4f}</td>' in page
+    assert page.count("<h2>") == 7 and "not run" not in page.split("<h2>Training")[1]
+    assert page.count("<img") == 1 + 2 * 2 + 1 + len(report["probe"])  # sft, 2 steps x 2 policies, blend, probe
 
 
 def test_a_partial_workdir_shows_what_ran_and_a_damaged_file_is_named(trained_small, tmp_path):
