@@ -55,3 +55,30 @@ def test_a_missing_workdir_is_refused_and_nothing_is_written(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     message = refused(tmp_path / "missing", "report", names=[tmp_path / "missing"])
     assert "does not exist" in message and not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_the_main_jobs_report_takes_under_five_seconds_on_one_thread(sample_dir, tmp_path):
+    """The target: the main job's workdir (sample_data/pipeline.toml, minutes) reported by a fresh process."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from gencli.flow.report import read_report
+
+    wd, out = tmp_path / "main", tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["run", str(sample_dir / "pipeline.toml"), "--workdir", str(wd), "--json"])
+    assert r.exit_code == 0, r.output
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gencli", "--threads", "1", "report", "--workdir", str(wd), "--output",
+                    str(out)], check=True, capture_output=True, timeout=60,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert time.perf_counter() - started < 5
+    assert out.stat().st_size < 5 * 1024 * 1024
+    report = read_report(wd)
+    assert report["problems"] == [] and [t["step"] for t in report["training"]] == ["sft"]
+    assert [r["step"] for r in report["rankings"]] == ["eval", "cold-eval"] and report["examples"]["users"]
+    metrics = json.loads((wd / "eval" / "metrics.json").read_text())
+    assert report["rankings"][0]["policies"][0]["blocks"]["overall"] == metrics["metrics"]["overall"]
+    assert f'{metrics["metrics"]["overall"]["recall@10"]:.4f}' in out.read_text(encoding="utf-8")
