@@ -74,7 +74,7 @@ def not_run(title: str, steps: str) -> str:
 
 
 def status_section(rows: list[dict[str, Any]]) -> str:
-    body = [[r["step"], r["state"], r.get("finished") or "", r.get("seconds"),
+    body = [[r["step"], r["state"], (r.get("finished") or "").replace("T", " "), r.get("seconds"),
              ", ".join(f"{k}={number(v)}" for k, v in r["key_metrics"].items())] for r in rows]
     classes = ["bad" if r["state"] in ("failed", "stale") else "muted" if r["state"] == "not run" else ""
                for r in rows]
