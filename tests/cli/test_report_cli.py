@@ -51,6 +51,18 @@ def test_the_page_is_self_contained_and_its_charts_are_drawn(trained_small, tmp_
     assert page.count('class="muted">not run (') == 3  # evaluation, probe, recommendations
 
 
+def test_a_damaged_file_is_named_and_the_rest_is_drawn(trained_small, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    (wd / "sft" / "blend.json").write_text("{", encoding="utf-8")
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["report", "--workdir", str(wd), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"could not read {wd / 'sft' / 'blend.json'}: JSONDecodeError" in r.stderr.replace("\n", "")
+    page = out.read_text(encoding="utf-8")
+    assert "Files that could not be read" in page and page.count("<img") == 1  # sft's curves; no blend
+
+
 def test_a_missing_workdir_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     message = refused(tmp_path / "missing", "report", names=[tmp_path / "missing"])
