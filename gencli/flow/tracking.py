@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,17 +140,20 @@ def experiment_name(workdir: Path) -> str:
     return f"gencli {chain_root(workdir)}"
 
 
+LOCAL_ONLY = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+"""While gencli logs to MLflow: MLflow 3 opens its file store only when allowed, and it would send usage telemetry
+(decided when ``mlflow`` is imported) unless told not to. A value the user set wins."""
+
+
 @contextlib.contextmanager
-def file_store_allowed():
-    """MLflow 3 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE`` is set: allowed while gencli logs, unless
-    the user chose otherwise."""
-    key = "MLFLOW_ALLOW_FILE_STORE"
-    before = os.environ.get(key)
-    os.environ.setdefault(key, "true")
+def local_only():
+    """:data:`LOCAL_ONLY` in the environment while the block runs, then the environment as it was."""
+    added = {k: v for k, v in LOCAL_ONLY.items() if k not in os.environ}
+    os.environ.update(added)
     try:
         yield
     finally:
-        if before is None:
+        for key in added:
             os.environ.pop(key, None)
 
 
@@ -165,13 +169,17 @@ def to_mlflow(log: StepLog) -> str:
     import logging
     import warnings
 
-    from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
-
-    logging.getLogger("mlflow").setLevel(logging.ERROR)
     uri = mlflow_uri(log.workdir)
-    with file_store_allowed(), warnings.catch_warnings():
+    with local_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        with contextlib.suppress(ImportError):  # mlflow imported before (by the caller): no telemetry either
+            from mlflow.telemetry import set_telemetry_client
+
+            set_telemetry_client()
+        logging.getLogger("mlflow").setLevel(logging.ERROR)
         client = MlflowClient(tracking_uri=uri)
         name = experiment_name(log.workdir)
         found = client.get_experiment_by_name(name)
@@ -179,7 +187,8 @@ def to_mlflow(log: StepLog) -> str:
         run = client.create_run(experiment, run_name=f"{log.workdir.name}/{log.step}",
                                 tags={k: v[:5000] for k, v in log.tags.items()})
         run_id = run.info.run_id
-        metrics = [Metric(mlflow_key(tag), value, 0, step) for tag, value, step in log.scalars]
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(tag), value, now, step) for tag, value, step in log.scalars]
         params = [Param(mlflow_key(k), v[:6000]) for k, v in log.params.items()]
         for i in range(0, len(params), 100):  # MLflow's batch limits: 100 params, 1000 metrics
             client.log_batch(run_id, params=params[i : i + 100])

@@ -68,6 +68,25 @@ def test_a_training_step_reads_back_in_tensorboard_and_mlflow(trained_small, tmp
     assert found.data.tags["gencli.workdir"] == str(wd.resolve())
 
 
+def test_mlflow_sends_no_telemetry_and_the_environment_is_left_as_it_was(small_embedded, tmp_path):
+    """Out of pytest and CI (MLflow turns its telemetry off under either by itself): a fresh process, as a user's."""
+    import os
+    import subprocess
+
+    wd = tmp_path / "work"
+    shutil.copytree(small_embedded, wd)
+    code = ("import os, sys; from pathlib import Path; from gencli.flow.tracking import log_step; "
+            f"log_step(Path({str(wd)!r}), 'ingest', ['mlflow']); import mlflow.telemetry as t; "
+            "print(t.get_telemetry_client(), os.environ.get('MLFLOW_DISABLE_TELEMETRY'), "
+            "os.environ.get('MLFLOW_ALLOW_FILE_STORE'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_CURRENT_TEST", "MLFLOW_DISABLE_TELEMETRY",
+                                                             "DO_NOT_TRACK", "MLFLOW_ALLOW_FILE_STORE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None", "None"]
+    assert (tmp_path / "mlruns").is_dir()
+
+
 def test_gencli_run_reports_the_steps_that_ran_from_the_pipeline_file(small_sample, small_embedded, tmp_path):
     wd = tmp_path / "work"
     shutil.copytree(small_embedded, wd)
