@@ -117,9 +117,10 @@ def training(workdir: Path, step: str, problems: Problems) -> dict[str, Any] | N
     else:
         kept = f"the last step ({metrics.get('steps')})"
     reason = metrics.get("stop_reason") or ("reached its step budget" if metrics.get("steps") is not None else None)
+    summary = {k: metrics[k] for k in TRAINING_SUMMARY if k in metrics}
+    summary.update({f"average.{k}": v for k, v in (average or {}).items() if isinstance(v, (int, float, str))})
     return {"step": step, "train": lines["train"], "valid": lines["valid"], "average": average, "kept": kept,
-            "kept_step": peak or None, "stop_reason": reason,
-            "summary": {k: metrics[k] for k in TRAINING_SUMMARY if k in metrics}}
+            "kept_step": peak or None, "stop_reason": reason, "summary": summary}
 
 
 def ranking(workdir: Path, step: str, problems: Problems) -> dict[str, Any] | None:
