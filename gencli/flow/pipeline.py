@@ -95,6 +95,8 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
                       "status": outcome.status, "dir": outcome.dir, "metrics": outcome.metrics})
         if plan.run.report_to and outcome.status == "done":  # --report-to: logged from the committed files
             entry["reported_to"], warnings = tracking.report_step(workdir, name, plan.run.report_to)
+            for target, place in entry["reported_to"].items():
+                log_event(f"step {name}: logged to {target}: {place}")
             if warnings:
                 outcome.metrics["warnings"] = [*outcome.metrics.get("warnings", []), *warnings]
         report.steps.append(entry)
