@@ -112,13 +112,18 @@ def load_npy(path: Path, mmap: bool = False) -> Any:
 
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON to a temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a temp file in the same folder, fsync, rename over ``path``, fsync the folder: a
+    reader sees the old file or the new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600: the manifest and step.json follow the umask
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

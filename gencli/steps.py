@@ -142,6 +142,7 @@ REGISTRY: tuple[Step, ...] = (
     _cmd("run", "pipeline", "run"),
     _cmd("status", "status", "status"),
     _cmd("models", "models", "models"),
+    _cmd("report", "report", "report"),
 )
 STEPS: dict[str, Step] = {s.name: s for s in REGISTRY}
 

@@ -25,6 +25,21 @@ VERBOSE_OPTION = click.option(
          "them all).")
 
 
+REPORT_TO = "gencli.report_to"  # click's ctx.meta key --report-to sets (read by run_step)
+
+
+def report_to_option(f: Callable) -> Callable:
+    """``--report-to`` on every step command: RunConfig's field (``gencli run`` has it from the config), kept in
+    the context so the step commands' signatures stay their config's options."""
+    from gencli.cli.options import CommaList
+    from gencli.config import RunConfig
+    from gencli.config.fields import step_fields
+
+    field = next(x for x in step_fields(RunConfig) if x.name == "report_to")
+    return click.option(field.decl, type=CommaList(str), default="", expose_value=False, help=field.meta["help"],
+                        callback=lambda ctx, _, value: ctx.meta.update({REPORT_TO: value}))(f)
+
+
 def verbose() -> bool:
     """Whether the running command was given --verbose."""
     ctx = click.get_current_context(silent=True)
@@ -41,8 +56,9 @@ def workdir_option(f: Callable) -> Callable:
 
 
 def step_options(f: Callable) -> Callable:
-    """--workdir, --json, --force and --verbose, in that order, for every step command."""
+    """--workdir, --json, --force, --report-to and --verbose, in that order, for every step command."""
     f = VERBOSE_OPTION(f)
+    f = report_to_option(f)
     f = click.option("--force", is_flag=True, help="Rerun even when the step is up to date.")(f)
     f = JSON_OPTION(f)
     return workdir_option(f)
@@ -102,6 +118,7 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
 
     refuse_torchrun(step, json_mode)
     follower = dist.launched() and os.environ.get("RANK", "0") != "0"
+    targets = report_targets(json_mode)
     try:
         outcome = execute(STEPS[step], cfg, resolve_workdir(workdir), force=force, resume=resume,
                           progress=make_progress(json_mode or follower))
@@ -111,13 +128,44 @@ def run_step(step: str, cfg: Any, workdir: Path | None, json_mode: bool, force: 
         fail(error, json_mode and not follower, resolve_workdir(workdir))
     if outcome.status == "follower":
         return {}
+    reported = report_step(resolve_workdir(workdir), outcome, targets)
     if json_mode:
-        emit_json(outcome.as_json())
+        emit_json(outcome.as_json() | ({"reported_to": reported} if targets else {}))
     else:
         print_step_result(step, outcome.status, outcome.metrics, outcome.seconds, outcome.dir, verbose=verbose())
         if outcome.metrics.get("warnings"):  # --json carries them in metrics.warnings
             print_warnings(outcome.metrics["warnings"])
     return outcome.metrics
+
+
+def report_targets(json_mode: bool) -> tuple[str, ...]:
+    """The command's ``--report-to`` targets, checked (a known target, its extra installed) before any work."""
+    ctx = click.get_current_context(silent=True)
+    targets = tuple(ctx.meta.get(REPORT_TO) or ()) if ctx else ()
+    if not targets:
+        return ()
+    from gencli.flow.tracking import require
+
+    try:
+        require(targets)
+    except GencliError as error:
+        fail(error, json_mode)
+    return targets
+
+
+def report_step(workdir: Path, outcome: Any, targets: tuple[str, ...]) -> dict[str, str]:
+    """Log a step that ran (not one up to date) to ``--report-to``'s targets; a failure to log is a warning."""
+    if not targets or outcome.status != "done":
+        return {}
+    from gencli.flow.tracking import report_step as log
+    from gencli.ui.output import print_warnings
+
+    where, warnings = log(workdir, outcome.step, targets)
+    if warnings:
+        print_warnings(warnings)
+    for target, place in where.items():
+        click.echo(f"logged {outcome.step} to {target}: {place}", err=True)
+    return where
 
 
 def step_command(name: str) -> click.Command:

@@ -64,6 +64,10 @@ def run(ctx, config, init, model, seed, sets, force, workdir, json_mode, **optio
              if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
     try:
         plan = make_plan(config, root, given, {"init": init, "model": model, "seed": seed}, sets)
+        if plan.run.report_to:
+            from gencli.flow.tracking import require
+
+            require(plan.run.report_to)  # a missing extra stops the run before its first step
     except Exception as e:  # noqa: BLE001
         fail(e, json_mode)
 

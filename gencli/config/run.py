@@ -9,6 +9,9 @@ from gencli.config.base import (
     option,
 )
 
+REPORT_TARGETS = ("tensorboard", "mlflow")
+"""Where ``--report-to`` logs a step (each an optional extra of the same name)."""
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -27,9 +30,19 @@ class RunConfig:
     promote_users: int = option(2000, "Validation users both bundles are scored on (a seeded subsample above this; "
                                       "0 = all).")
     keep_bundles: int = option(5, "Bundles kept next to --promote: the newest N and always the promoted one.")
+    report_to: tuple[str, ...] = option((), "Also log each step that runs to tensorboard (event files under "
+                                            "WORKDIR/tensorboard/STEP/) and/or mlflow (a local store, mlruns/ next "
+                                            "to the first run of the --previous chain, or $MLFLOW_TRACKING_URI): "
+                                            "curves, final metrics, params, provenance. Comma-separated; needs "
+                                            "pip install 'gencli[tensorboard]' or 'gencli[mlflow]'.")
 
     def __post_init__(self) -> None:
+        if isinstance(self.report_to, (str, list)):  # a TOML value: "mlflow" or ["tensorboard", "mlflow"]
+            listed = self.report_to.split(",") if isinstance(self.report_to, str) else self.report_to
+            object.__setattr__(self, "report_to", tuple(str(t).strip() for t in listed if str(t).strip()))
         c = Checks("run", self)
+        c.require(all(t in REPORT_TARGETS for t in self.report_to),
+                  f"--report-to takes {' or '.join(REPORT_TARGETS)} (got {', '.join(self.report_to)})")
         c.types(self)  # TOML top-level keys reach here without click: "abc" is no tolerance
         c.require(0 <= self.promote_tolerance < 1, f"--promote-tolerance must be in [0, 1) (got {self.promote_tolerance})")
         c.positive("promote-users", self.promote_users, allow_zero=True)

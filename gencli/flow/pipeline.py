@@ -58,7 +58,7 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
     ``log_event(line)`` at the start, between steps and at the end (the caller decides where lines go)."""
     from gencli.config.fields import command_line
     from gencli.flow import promote as promotion
-    from gencli.flow import retrain
+    from gencli.flow import retrain, tracking
     from gencli.steps import STEPS, serving_steps
     from gencli.workspace.executor import execute
 
@@ -94,6 +94,12 @@ def run_plan(plan: Plan, workdir: Path, force: bool = False, progress: Callable[
             return False
         entry.update({"seconds": outcome.seconds if outcome.seconds is not None else round(time.time() - t0, 2),
                       "status": outcome.status, "dir": outcome.dir, "metrics": outcome.metrics})
+        if plan.run.report_to and outcome.status == "done":  # --report-to: logged from the committed files
+            entry["reported_to"], warnings = tracking.report_step(workdir, name, plan.run.report_to)
+            for target, place in entry["reported_to"].items():
+                log_event(f"step {name}: logged to {target}: {place}")
+            if warnings:
+                outcome.metrics["warnings"] = [*outcome.metrics.get("warnings", []), *warnings]
         report.steps.append(entry)
         log_event(f"step {name}: {entry['status']} in {time.time() - t0:.1f} s")
         if on_step:

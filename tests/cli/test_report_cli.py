@@ -1,0 +1,96 @@
+"""`gencli report` writes one self-contained page: every picture a PNG data URI of the size it was drawn at, a
+Content-Security-Policy that lets the browser fetch nothing, no script, well under 5 MB; a missing workdir is exit 2
+with nothing written."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from workdirs import refused
+
+from gencli.cli import cli
+from gencli.ui.report import CSP
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def pictures(page: str) -> list:
+    """Every <img> of the page as an RGBA array (matplotlib reads PNG without a display)."""
+    from matplotlib import image
+
+    sources = re.findall(r'<img [^>]*src="([^"]*)"', page)
+    assert all(s.startswith("data:image/png;base64,") for s in sources), [s[:40] for s in sources]
+    return [image.imread(io.BytesIO(base64.b64decode(s.split(",", 1)[1])), format="png") for s in sources]
+
+
+def test_the_page_is_self_contained_and_its_charts_are_drawn(trained_small, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    out = tmp_path / "out" / "report.html"
+    r = CliRunner().invoke(cli, ["report", "--workdir", str(wd), "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)
+    assert shown == {"status": "done", "output": str(out), "bytes": out.stat().st_size, "problems": []}
+    page = out.read_text(encoding="utf-8")
+    assert out.stat().st_size < 5 * 1024 * 1024
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
+    assert not re.search(r"<script|<link|<iframe|url\(|https?://", page)
+    training, blend = pictures(page)  # sft's curves and the blend's shares (no eval, no probe: not run)
+    assert training.shape[:2] == (240, 960) and blend.shape[:2] == (160, 800)
+    for picture in (training, blend):
+        assert picture[..., :3].std() > 0.05  # drawn, not a blank canvas
+    record = json.loads((wd / "sft" / "step.json").read_text())["metrics"]
+    peak = record["peak_step"]
+    assert f'<td>peak_step</td><td class="n">{peak}</td>' in page
+    assert page.count('class="muted">not run (') == 3  # evaluation, probe, recommendations
+
+
+def test_a_damaged_file_is_named_and_the_rest_is_drawn(trained_small, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    (wd / "sft" / "blend.json").write_text("{", encoding="utf-8")
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["report", "--workdir", str(wd), "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"could not read {wd / 'sft' / 'blend.json'}: JSONDecodeError" in r.stderr.replace("\n", "")
+    page = out.read_text(encoding="utf-8")
+    assert "Files that could not be read" in page and page.count("<img") == 1  # sft's curves; no blend
+
+
+def test_a_missing_workdir_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    message = refused(tmp_path / "missing", "report", names=[tmp_path / "missing"])
+    assert "does not exist" in message and not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_the_main_jobs_report_takes_under_five_seconds_on_one_thread(sample_dir, tmp_path):
+    """The target: the main job's workdir (sample_data/pipeline.toml, minutes) reported by a fresh process."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from gencli.flow.report import read_report
+
+    wd, out = tmp_path / "main", tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["run", str(sample_dir / "pipeline.toml"), "--workdir", str(wd), "--json"])
+    assert r.exit_code == 0, r.output
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gencli", "--threads", "1", "report", "--workdir", str(wd), "--output",
+                    str(out)], check=True, capture_output=True, timeout=60,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert time.perf_counter() - started < 5
+    assert out.stat().st_size < 5 * 1024 * 1024
+    report = read_report(wd)
+    assert report["problems"] == [] and [t["step"] for t in report["training"]] == ["sft"]
+    assert [r["step"] for r in report["rankings"]] == ["eval", "cold-eval"] and report["examples"]["users"]
+    metrics = json.loads((wd / "eval" / "metrics.json").read_text())
+    assert report["rankings"][0]["policies"][0]["blocks"]["overall"] == metrics["metrics"]["overall"]
+    assert f'{metrics["metrics"]["overall"]["recall@10"]:.4f}' in out.read_text(encoding="utf-8")
