@@ -26,6 +26,7 @@ from pathlib import Path
 
 import uvicorn
 
+from gencli.core.serve.auth import Access
 from gencli.core.serve.batcher import Batcher
 from gencli.core.serve.metrics import ServeMetrics
 from gencli.core.serve.schema import Limits
@@ -207,7 +208,8 @@ class Service:
         self.abandoned_load = False
         """True once :meth:`serve` returned with a reload still loading: leave the process with ``os._exit``."""
         limits = Limits(cfg.max_k, cfg.max_history_ids, cfg.max_histories, cfg.max_body_bytes, cfg.read_timeout)
-        app = build_app(self.holder, self.batcher, self.metrics, limits, self.state)
+        access = Access(cfg.api_key, cfg.metrics_public)
+        app = build_app(self.holder, self.batcher, self.metrics, limits, self.state, access)
         _enough_files(cfg.max_connections)
         self.socket = _bind(cfg.host, cfg.port)
         self.port = self.socket.getsockname()[1]

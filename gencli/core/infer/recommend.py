@@ -7,8 +7,8 @@ With ``exclude_seen`` every item of the history is banned inside the decoder
 (:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
 that many, with no over-generation and filtering afterwards. An empty history (or one of unknown ids only) gets
 the no-history prior, what has been popular lately (:mod:`gencli.core.infer.prior`, fitted by sft), with the blend;
-the model alone (``--ranking model``, or a model step from before the prior) answers it with its unconditional top K
-(the prompt is BOS alone). A score is the summed log-probability of the item's SID tokens (the blend's, or the
+without a prior (``--ranking model``, or a model step or bundle without item_prior.npy) the model alone answers it
+with its unconditional top K (the prompt is BOS alone; the content side, a profile of nothing, would tie every item). A score is the summed log-probability of the item's SID tokens (the blend's, or the
 prior's log share): higher is better, comparable within one user's list.
 """
 
@@ -184,6 +184,9 @@ class Recommender:
             scores = np.full((len(histories), k), -np.inf, np.float32)
             top, logs = prior_top(self.ranker.prior, self.ranker.counts, k)
             items[blind, : top.size], scores[blind, : top.size] = top, logs
+            if not np.isfinite(logs).all():  # a checked prior never gives one: a list never carries NaN or inf
+                raise BrokenModelError("the no-history prior scored an item NaN or infinite: its item_prior.npy is "
+                                       "damaged; re-export the bundle or rerun the model step")
             rest = np.flatnonzero(~blind)
             if rest.size:
                 ranked = self.rank([histories[i] for i in rest], k, beams, exclude_seen, max_history, prune, progress)
@@ -204,6 +207,8 @@ class Recommender:
         self._check_full(histories, out[0], out[1], beams if blended else k, exclude_seen)
         if blended:
             items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
+            empty = [row for row, h in enumerate(histories) if not h]  # no prior: a content profile of nothing
+            items[empty], scores[empty] = out[0][empty, :k], out[1][empty, :k]  # ties every item; the model's own
         else:
             items, scores = out[0], out[1]
         return Ranked(items, scores, np.zeros(len(histories), bool))
