@@ -49,7 +49,9 @@ def prior_top(scores: np.ndarray, counts: np.ndarray, k: int, banned: Sequence[i
         order = order[~np.isin(order, np.asarray(list(banned), dtype=np.int64))]
     top = order[:k]
     total = float(scores.sum())
-    if total > 0:  # an item of no mass (never a target, or decayed to 0) scores the log of the smallest share
+    if not math.isfinite(total):  # no shares of an infinite total: NaN, which the caller refuses as broken
+        logs = np.full(top.size, np.nan)
+    elif total > 0:  # an item of no mass (never a target, or decayed to 0) scores the log of the smallest share
         logs = np.log(np.maximum(scores[top] / total, SHARE_FLOOR))
     else:
         logs = np.full(top.size, -math.log(max(scores.size, 1)))
