@@ -48,7 +48,8 @@ def prior_top(scores: np.ndarray, counts: np.ndarray, k: int, banned: Sequence[i
     if len(banned):
         order = order[~np.isin(order, np.asarray(list(banned), dtype=np.int64))]
     top = order[:k]
-    total = float(scores.sum())
+    with np.errstate(over="ignore"):  # a sum past float64 is inf, refused below
+        total = float(scores.sum())
     if not math.isfinite(total):  # no shares of an infinite total: NaN, which the caller refuses as broken
         logs = np.full(top.size, np.nan)
     elif total > 0:  # an item of no mass (never a target, or decayed to 0) scores the log of the smallest share
