@@ -321,8 +321,8 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     torch_device = resolve_device(device)
     try:
         model = load_decoder(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
-    except ArtifactError as exc:
-        raise _bad(path, str(exc).split("; rerun")[0]) from None
+    except ArtifactError as exc:  # one short line: transformers' messages span lines and echo whole values
+        raise _bad(path, _shown(" ".join(str(exc).split("; rerun")[0].split()), 600)) from None
     decode = meta["decode"]
     return Bundle(Path(path), model, vocab, items.item_ids, items.titles, codes,
                   max_history=decode.get("max_history", SFT_MAX_HISTORY), beams=decode.get("beams", 0), metadata=meta,

@@ -75,7 +75,7 @@ def config_problems(raw: dict[str, Any], ids: list[int] = ()) -> list[str]:
     """What is wrong with a parsed config.json for gencli's decoder; ``ids``: token ids the model must have rows for
     (the SID tokens and specials of sid_vocab.json, the tokenizer's)."""
     kind = raw.get("model_type")
-    if kind not in ARCHITECTURES:
+    if not isinstance(kind, str) or kind not in ARCHITECTURES:
         return [f"{CONFIG} field model_type must be one of {', '.join(ARCHITECTURES)} (got {_shown(kind)})"]
     problems = []
     if raw.get("architectures") not in (None, [ARCHITECTURES[kind]]):
