@@ -141,3 +141,21 @@ def test_a_tokenizer_with_ids_past_vocab_size_is_refused(b):
     (b / "model" / "tokenizer.json").write_text(json.dumps(tokenizer))
     resign(b, "model/tokenizer.json")
     refused_by_recommend(b, "vocab_size (41) has no row for token id 120")
+
+
+def test_serve_refuses_a_huge_config_at_start_with_exit_2(b):
+    edit_config(b, hidden_size=2**40, intermediate_size=2**40)
+    r = CliRunner().invoke(cli, ["serve", "--bundle", str(b), "--port", "0", "--device", "cpu"])
+    assert r.exit_code == 2 and "hidden_size must be an integer in [1, 65,536]" in r.output
+    assert "Traceback" not in r.output and "MemoryError" not in r.output
+
+
+def test_a_workdirs_model_goes_through_the_same_check(trained_small, tmp_path):
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    config = wd / "sft" / "model" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": 6}))
+    r = CliRunner().invoke(cli, ["recommend", "--workdir", str(wd), "--history", "", "--json"])
+    assert r.exit_code == 2, r.output
+    error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
+    assert "config.json implies" in error and "they would be random" in error, error
