@@ -13,7 +13,7 @@ MemoryError. So, in this order, with no tensor allocated:
    ``sid_vocab.json``;
 2. the parameters the config implies at most :data:`MAX_PARAMS` (about 32 GB in float32);
 3. the safetensors headers (names, shapes, dtypes: no tensor read) equal to the tensors the config implies, those of
-   :class:`~gencli.core.lm.lean.LeanCausalLM` built on the meta device (its names are transformers').
+   :class:`~gencli.core.lm.lean.LeanCausalLM` (its names are transformers').
 
 Each problem names the file and the field or tensor; the caller adds whose folder it is and the fix.
 """
@@ -132,27 +132,36 @@ def structure(raw: dict[str, Any]):
 
 def parameter_count(config) -> int:
     """The parameters a :class:`LeanConfig` implies (exact, in Python integers: no overflow, no allocation)."""
-    c = config
-    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
-    attention += c.head_dim * (c.num_attention_heads + 2 * c.num_key_value_heads) if c.qkv_bias else 0
-    attention += c.hidden_size if c.o_bias else 0
-    attention += 2 * c.head_dim if c.qk_norm else 0
-    mlp = 3 * c.hidden_size * c.intermediate_size + ((2 * c.intermediate_size + c.hidden_size) if c.mlp_bias else 0)
-    per_layer = attention + mlp + 2 * c.hidden_size
-    embeddings = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-    return embeddings + c.num_hidden_layers * per_layer + c.hidden_size
+    return sum(math.prod(shape) for shape in expected_tensors(config).values())
 
 
 def expected_tensors(config) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every tensor the weights must hold: the lean decoder's parameters, built on the meta device
-    (no memory); a tied ``lm_head.weight`` is the embedding's and absent."""
-    import torch
-
-    from gencli.core.lm.lean import LeanCausalLM
-
-    with torch.device("meta"):
-        model = LeanCausalLM(config, Path("."))
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    """name -> shape of every tensor the weights must hold: :class:`~gencli.core.lm.lean.LeanCausalLM`'s parameters
+    (transformers' names), written out rather than built (a meta-device model imports torch._dynamo, seconds of a
+    query; tests/core/infer/test_bundle_model.py keeps the two equal); a tied ``lm_head.weight`` is absent."""
+    c = config
+    hidden, head, heads, kv, inner = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, \
+        c.intermediate_size
+    out = {"model.embed_tokens.weight": (c.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, hidden)
+    layer = {"self_attn.q_proj.weight": (heads * head, hidden), "self_attn.k_proj.weight": (kv * head, hidden),
+             "self_attn.v_proj.weight": (kv * head, hidden), "self_attn.o_proj.weight": (hidden, heads * head),
+             "mlp.gate_proj.weight": (inner, hidden), "mlp.up_proj.weight": (inner, hidden),
+             "mlp.down_proj.weight": (hidden, inner), "input_layernorm.weight": (hidden,),
+             "post_attention_layernorm.weight": (hidden,)}
+    if c.qkv_bias:
+        layer.update({"self_attn.q_proj.bias": (heads * head,), "self_attn.k_proj.bias": (kv * head,),
+                      "self_attn.v_proj.bias": (kv * head,)})
+    if c.o_bias:
+        layer["self_attn.o_proj.bias"] = (hidden,)
+    if c.qk_norm:
+        layer.update({"self_attn.q_norm.weight": (head,), "self_attn.k_norm.weight": (head,)})
+    if c.mlp_bias:
+        layer.update({"mlp.gate_proj.bias": (inner,), "mlp.up_proj.bias": (inner,), "mlp.down_proj.bias": (hidden,)})
+    for i in range(c.num_hidden_layers):
+        out.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+    return out
 
 
 def header_tensors(folder: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], list[str]]:

@@ -223,14 +223,14 @@ class Recommender:
         """The search returns min(k, allowed items) per history by construction; less, or a NaN score, means the
         weights are broken (bit flips, NaN): say so rather than answer with a short or empty list."""
         found = items >= 0
-        nan = np.isnan(scores) & found
+        nan = ~np.isfinite(scores) & found  # NaN, or an item ranked at -inf: no list (and no JSON) carries either
         for row, history in enumerate(histories):
             allowed = len(self.item_ids) - (len(set(history)) if exclude_seen else 0)
             got = int(found[row].sum())
             if got < min(k, allowed) or nan[row].any():
                 raise BrokenModelError(
                     f"the model is broken: it ranked {got} of the {min(k, allowed)} items this catalog allows"
-                    f"{' and scored some NaN' if nan[row].any() else ''} (history {row}); its weights are damaged "
+                    f"{' and scored some NaN or infinite' if nan[row].any() else ''} (history {row}); its weights are damaged "
                     "or not trained: re-export the bundle or retrain")
 
     def recommend_batch(

@@ -159,3 +159,33 @@ def test_a_workdirs_model_goes_through_the_same_check(trained_small, tmp_path):
     assert r.exit_code == 2, r.output
     error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
     assert "config.json implies" in error and "they would be random" in error, error
+
+
+@pytest.mark.parametrize("kind, extra", [("qwen3", {}), ("qwen3", {"tie_word_embeddings": True}), ("qwen2", {}),
+                                         ("llama", {"attention_bias": True, "mlp_bias": True})])
+def test_the_expected_tensors_are_the_lean_decoders_parameters(kind, extra):
+    from pathlib import Path
+
+    from gencli.core.infer.model_check import expected_tensors
+    from gencli.core.lm.lean import LeanCausalLM
+
+    raw = {"model_type": kind, "vocab_size": 41, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 24, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": False, **extra}
+    config = structure(raw)
+    model = LeanCausalLM(config, Path("."))
+    assert expected_tensors(config) == {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_the_check_imports_no_compiler(tmp_path):
+    """A one-user query imports neither transformers nor torch._dynamo (tests/cli/test_query_fast.py)."""
+    import subprocess
+    import sys
+
+    tiny_qwen3(41).save_pretrained(tmp_path)
+    code = ("import sys; from gencli.core.infer.model_check import model_problems; "
+            f"assert model_problems({str(tmp_path)!r}) == []; "
+            "print([m for m in ('torch._dynamo', 'transformers') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
