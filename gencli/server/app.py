@@ -15,9 +15,10 @@ holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"
 surrogate), 408 a body slower than ``--read-timeout``, 413 a body over ``--max-body-bytes``, 422 a field of the wrong
 type or out of range or an unknown id under ``strict``, 404/405 for a wrong route or method, 503 with Retry-After when
 the queue is full or the server drains or failed, 500 a model failure (``broken_model``: NaN or infinite scores;
-``internal``: anything else). With ``--api-key``, 401 (no detail) for a request without ``Authorization: Bearer KEY``
-(:mod:`gencli.core.serve.auth`; /healthz and /readyz stay open). A client that hangs up before its body arrived
-is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its connection.
+``internal``: anything else). With ``--api-key``, 401 (no detail) for a request without ``Authorization: Bearer
+KEY`` (:class:`~gencli.core.serve.schema.Access`; /healthz and /readyz stay open). A client that hangs up before its
+body arrived is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its
+connection.
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gencli.core.serve.auth import Access
 from gencli.core.serve.batcher import Batcher, Overloaded
 from gencli.core.serve.metrics import CONTENT_TYPE, ServeMetrics
-from gencli.core.serve.schema import BadRequest, Limits, Query, batch_query, one_query, parse_json
+from gencli.core.serve.schema import Access, BadRequest, Limits, Query, batch_query, one_query, parse_json
 from gencli.core.serve.swap import Holder, Served
 from gencli.errors import BrokenModelError, InputError
 
@@ -59,7 +59,7 @@ class State:
 def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: Limits, state: State,
               access: Access = Access()) -> Starlette:
     def stranger(request: Request, endpoint: str, metrics_route: bool = False) -> Response | None:
-        """The 401 for a request without the right bearer token (:mod:`gencli.core.serve.auth`), else None."""
+        """The 401 for a request without the right bearer token (:class:`Access`), else None."""
         if access.allows(request.headers.get("authorization"), metrics=metrics_route):
             return None
         count(endpoint, 401, "unauthorized")

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import uvicorn
 
-from gencli.core.serve.auth import Access
 from gencli.core.serve.batcher import Batcher
 from gencli.core.serve.metrics import ServeMetrics
-from gencli.core.serve.schema import Limits
+from gencli.core.serve.schema import Access, Limits
 from gencli.core.serve.swap import Holder, load_served, log_ties
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from gencli.server.app import State, build_app

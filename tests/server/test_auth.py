@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gencli.cli import cli
 from gencli.config import ServeConfig
-from gencli.core.serve.auth import Access
+from gencli.core.serve.schema import Access
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KEY = "s3cret-Ключ"  # not ASCII: the header carries its UTF-8 bytes
