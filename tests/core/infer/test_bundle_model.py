@@ -177,15 +177,3 @@ def test_the_expected_tensors_are_the_lean_decoders_parameters(kind, extra):
     assert expected_tensors(config) == {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
 
-
-def test_the_check_imports_no_compiler(tmp_path):
-    """A one-user query imports neither transformers nor torch._dynamo (tests/cli/test_query_fast.py)."""
-    import subprocess
-    import sys
-
-    tiny_qwen3(41).save_pretrained(tmp_path)
-    code = ("import sys; from gencli.core.infer.model_check import model_problems; "
-            f"assert model_problems({str(tmp_path)!r}) == []; "
-            "print([m for m in ('torch._dynamo', 'transformers') if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
