@@ -177,3 +177,12 @@ def test_the_expected_tensors_are_the_lean_decoders_parameters(kind, extra):
     assert expected_tensors(config) == {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
 
+
+
+def test_sharded_weights_are_read_header_by_header(tmp_path):
+    tiny_qwen3(41).save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and model_problems(tmp_path) == []
+    save_file({}, str(tmp_path / shards[0]))
+    [problem] = model_problems(tmp_path)
+    assert problem.startswith("the weights lack ") and "they would be random" in problem
