@@ -46,6 +46,8 @@ def make_option(f) -> Callable:
         kwargs.update(type=click.Path(), default=default, show_default=default != "")
     else:
         kwargs.update(type=f.annotation, default=default, show_default=default != "")
+    if f.meta.get("envvar"):  # a secret (serve's --api-key) is better given in the environment than on argv
+        kwargs.update(envvar=f.meta["envvar"], show_envvar=True)
     return click.option(f.decl, f.name, **kwargs)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gencli.config.base import MAX_BEAMS, RANKINGS, Checks, device_option, dtype_option, model_step_option, option
 from gencli.config.train import SFT_MAX_HISTORY, StampConfig
@@ -43,6 +43,9 @@ class RecommendConfig:
         c.done()
 
 
+API_KEY_ENV = "GENCLI_API_KEY"
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Options of ``gencli serve`` (docs/serving.md): where it listens, how it batches, what it refuses."""
@@ -70,6 +73,12 @@ class ServeConfig:
     max_connections: int = option(512, "Client connections open at once; past it a new connection gets 503 and is "
                                        "closed (keep it under the open-files limit, ulimit -n).",
                                   bounds=(1, 1_000_000))
+    api_key: str = field(default="", repr=False, metadata={
+        "help": "A bearer token every request to /v1/* (and /metrics, unless --metrics-public) must carry as "
+                "'Authorization: Bearer KEY'; others get 401. /healthz and /readyz stay open. Prefer the "
+                "environment variable: a command line is visible to every account (ps).", "envvar": API_KEY_ENV})
+    metrics_public: bool = option(False, "With --api-key: /metrics answers without the token (a scraper on a "
+                                         "private network).", option="--metrics-public/--metrics-private")
     device: str = device_option()
     dtype: str = dtype_option()
 
@@ -84,6 +93,8 @@ class ServeConfig:
         for name in ("max-wait-ms", "watch", "drain-seconds"):
             c.positive(name, getattr(self, name.replace("-", "_")), allow_zero=True)
         c.require(self.max_k <= MAX_BEAMS, f"--max-k must be <= {MAX_BEAMS} (got {self.max_k})")
+        c.require(self.api_key == self.api_key.strip() and self.api_key.isprintable() and len(self.api_key) <= 4096,
+                  "--api-key must be printable text without spaces at either end (at most 4096 characters)")
         c.require(self.max_histories <= self.queue, f"--max-histories ({self.max_histories}) must be <= --queue "
                                                     f"({self.queue}): a larger batch could never be admitted")
         c.done()

@@ -14,8 +14,11 @@ instead); ``history_from`` is ``request``, or ``bundle`` for a user asked by id 
 holds: 404 for a user it does not hold, 422 when it holds none). Errors are ``{"error": {"status", "field", "message"}}``: 400 malformed JSON (or no text: a lone
 surrogate), 408 a body slower than ``--read-timeout``, 413 a body over ``--max-body-bytes``, 422 a field of the wrong
 type or out of range or an unknown id under ``strict``, 404/405 for a wrong route or method, 503 with Retry-After when
-the queue is full or the server drains or failed, 500 a model failure. A client that hangs up before its body arrived
-is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its connection.
+the queue is full or the server drains or failed, 500 a model failure (``broken_model``: NaN or infinite scores;
+``internal``: anything else). With ``--api-key``, 401 (no detail) for a request without ``Authorization: Bearer
+KEY`` (:class:`~gencli.core.serve.schema.Access`; /healthz and /readyz stay open). A client that hangs up before its
+body arrived is counted as ``disconnected`` (status 499, nothing sent). While draining, every answer closes its
+connection.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -34,9 +38,9 @@ from starlette.routing import Route
 
 from gencli.core.serve.batcher import Batcher, Overloaded
 from gencli.core.serve.metrics import CONTENT_TYPE, ServeMetrics
-from gencli.core.serve.schema import BadRequest, Limits, Query, batch_query, one_query, parse_json
+from gencli.core.serve.schema import Access, BadRequest, Limits, Query, batch_query, one_query, parse_json
 from gencli.core.serve.swap import Holder, Served
-from gencli.errors import InputError
+from gencli.errors import BrokenModelError, InputError
 
 log = logging.getLogger("gencli.serve")
 RECOMMEND, BATCH = "/v1/recommend", "/v1/recommend/batch"
@@ -52,7 +56,16 @@ class State:
     failed: str | None = None
 
 
-def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: Limits, state: State) -> Starlette:
+def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: Limits, state: State,
+              access: Access = Access()) -> Starlette:
+    def stranger(request: Request, endpoint: str, metrics_route: bool = False) -> Response | None:
+        """The 401 for a request without the right bearer token (:class:`Access`), else None."""
+        if access.allows(request.headers.get("authorization"), metrics=metrics_route):
+            return None
+        count(endpoint, 401, "unauthorized")
+        return closing(JSONResponse(BadRequest(401, None, "unauthorized").body(), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"}))
+
     async def read_body(request: Request) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
@@ -90,6 +103,10 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
         futures = batcher.submit(served, [known for known, _ in resolved], query.k, query.exclude_seen)
         rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         source = "request" if query.known_users is None else "bundle"
+        for items, scores in rows:  # JSON has no NaN or inf: a score that is not a number is a broken model
+            if not np.isfinite(scores[items >= 0]).all():
+                raise BrokenModelError(f"bundle {served.model_id} scored an item NaN or infinite: its model is "
+                                       "broken; re-export it")
         out = [{"items": [r._asdict() for r in rec.to_recommendations(items, scores)], "skipped": unknown,
                 "history_from": source, "fallback": rec.falls_back(known)}
                for (items, scores), (known, unknown) in zip(rows, resolved, strict=True)]
@@ -107,6 +124,9 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
         return history
 
     async def answer(request: Request, endpoint: str) -> Response:
+        refused = stranger(request, endpoint)
+        if refused is not None:  # before the body is read: a stranger costs no parsing and no queue place
+            return refused
         started = time.perf_counter()
         served = holder.current  # one bundle answers the whole request, whatever moves meanwhile
         kind = ""
@@ -143,6 +163,10 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                                     headers={"Retry-After": str(exc.retry_after)})
         except InputError as exc:  # what rank refuses (k and beams past the catalog's bound)
             kind, response = "bad_input", JSONResponse(BadRequest(422, "k", str(exc)).body(), status_code=422)
+        except BrokenModelError as exc:  # NaN or infinite scores, short lists: the bundle's model, not this server
+            log.error("request to %s: %s", endpoint, exc)
+            kind = "broken_model"
+            response = JSONResponse(BadRequest(500, None, str(exc)).body(), status_code=500)
         except Exception as exc:  # noqa: BLE001 - a model failure is one 500 with its message, the server goes on
             log.exception("request to %s failed", endpoint)
             kind = "internal"
@@ -186,6 +210,9 @@ def build_app(holder: Holder, batcher: Batcher, metrics: ServeMetrics, limits: L
                              "capacity": batcher.capacity, "users": len(served.users or ())})
 
     async def metrics_view(request: Request) -> Response:
+        refused = stranger(request, "/metrics", metrics_route=True)
+        if refused is not None:
+            return refused
         count("/metrics", 200)
         return closing(Response(metrics.registry.render(), media_type=CONTENT_TYPE))
 

@@ -28,7 +28,7 @@ import uvicorn
 
 from gencli.core.serve.batcher import Batcher
 from gencli.core.serve.metrics import ServeMetrics
-from gencli.core.serve.schema import Limits
+from gencli.core.serve.schema import Access, Limits
 from gencli.core.serve.swap import Holder, load_served, log_ties
 from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from gencli.server.app import State, build_app
@@ -207,7 +207,8 @@ class Service:
         self.abandoned_load = False
         """True once :meth:`serve` returned with a reload still loading: leave the process with ``os._exit``."""
         limits = Limits(cfg.max_k, cfg.max_history_ids, cfg.max_histories, cfg.max_body_bytes, cfg.read_timeout)
-        app = build_app(self.holder, self.batcher, self.metrics, limits, self.state)
+        access = Access(cfg.api_key, cfg.metrics_public)
+        app = build_app(self.holder, self.batcher, self.metrics, limits, self.state, access)
         _enough_files(cfg.max_connections)
         self.socket = _bind(cfg.host, cfg.port)
         self.port = self.socket.getsockname()[1]

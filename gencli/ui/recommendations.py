@@ -20,14 +20,21 @@ def warn(message: str) -> None:
         console(stderr=True).print(f"[yellow]warning[/yellow]: {printable(message)}", soft_wrap=True)
 
 
-def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5) -> None:
-    """One user's recent history (one line, cut at the terminal's width) and top items (rank, item_id, title, score)."""
+EMPTY = {True: "(empty: what has been popular lately, the no-history prior)",
+         False: "(empty: the model's unconditional top, with no popularity prior to go on)", None: "(empty)"}
+"""An empty history's line, by the answer's ``fallback`` (None: not known)."""
+
+
+def print_user(c, user_id, history_titles: list[str], items: list[dict], last: int = 5,
+               fallback: bool | None = None) -> None:
+    """One user's recent history (one line, cut at the terminal's width) and top items (rank, item_id, title, score);
+    ``fallback``: whether an empty history was answered by the no-history prior (:data:`EMPTY` says which list)."""
     from rich.table import Table
 
     shown = history_titles[-last:]
     more = len(history_titles) - len(shown)
     who = f"user {user_id}" if user_id is not None else "ad-hoc history"
-    recent = "; ".join(printable(t) for t in shown) or "(empty: what has been popular lately)"
+    recent = "; ".join(printable(t) for t in shown) or EMPTY[fallback]
     c.print(f"[bold]{printable(who)}[/bold] — recent history{f' (+{more} earlier)' if more else ''}: {recent}",
             no_wrap=True, overflow="ellipsis")
     table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=True)
@@ -64,7 +71,8 @@ def print_answers(result, json_mode: bool) -> None:
         return
     for answer, history in zip(answers, result.histories, strict=True):
         c.print("")
-        print_user(c, answer["user_id"], [result.titles[i] for i in history], answer["items"])
+        print_user(c, answer["user_id"], [result.titles[i] for i in history], answer["items"],
+                   fallback=answer.get("fallback"))
 
 
 def show_examples(shown: Any) -> None:
@@ -77,4 +85,4 @@ def show_examples(shown: Any) -> None:
     c.print(f"\n[bold]recommendations[/bold] (every user's top {shown.k}: {where}), {len(shown.users)} of them:",
             soft_wrap=True)
     for user in shown.users:
-        print_user(c, user["user_id"], user["history"], user["items"])
+        print_user(c, user["user_id"], user["history"], user["items"], fallback=user.get("fallback"))

@@ -3,28 +3,23 @@ invalid ones, wrong Content-Length values and lone surrogates) sent on raw socke
 Every request gets an answer below 500, never a model-failure count; the server is still ready afterwards.
 
 Bounded in count (1,000 examples per target under CI=true, 100 locally) and in time (each request 10 s at most;
-the server's --read-timeout is 0.3 s, so a body announced longer than sent costs 0.3 s). On failure the report
-names the seed: rerun with GENCLI_FUZZ_SEED=<seed> to replay it.
+the server's --read-timeout is 0.3 s, so a body announced longer than sent costs 0.3 s). Example counts and replay:
+:mod:`fuzz.fuzzing` (derandomized under CI=true; locally a failure names GENCLI_FUZZ_SEED to replay it).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import socket
 import string
 
 import pytest
 from factories import tiny_bundle
-from hypothesis import HealthCheck, given, note, seed, settings
+from fuzz.fuzzing import FUZZ, note_seed, replay
+from hypothesis import given
 from hypothesis import strategies as st
 from servers import running
 
-EXAMPLES = 1000 if os.environ.get("CI") else 100
-SEED = int(os.environ.get("GENCLI_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, print_blob=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 ANSWERS = {200, 400, 404, 405, 408, 413, 422}
 
 pytest.importorskip("uvicorn")
@@ -97,7 +92,7 @@ def _encode(value) -> bytes:
     return json.dumps(value).encode("utf-8")  # ensure_ascii: a lone surrogate travels as "\ud800", as a client sends
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(body=st.one_of(PLAUSIBLE.map(_encode), PLAUSIBLE_BATCH.map(_encode), REQUEST.map(_encode),
                       VALUE.map(_encode), st.binary(max_size=80),
@@ -105,7 +100,7 @@ def _encode(value) -> bytes:
        route=st.sampled_from(["/v1/recommend", "/v1/recommend", "/v1/recommend/batch", "/healthz", "/nope"]),
        method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT"]))
 def test_request_bodies_get_an_answer_below_500(service, body, route, method):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     raw = (f"{method} {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
     _check(service, _exchange(service.port, raw))
@@ -116,7 +111,7 @@ HEADER_VALUE = st.one_of(st.text(alphabet=string.printable, max_size=40), st.bin
     lambda b: b.decode("latin-1")), st.sampled_from(["", "\x00", "a\rb", "é", "x" * 9000]))
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(headers=st.lists(st.tuples(TOKEN | st.sampled_from(["", " x", "Content-Length", "Transfer-Encoding", "Host",
                                                            "Expect", "Connection"]), HEADER_VALUE), max_size=5),
@@ -124,7 +119,7 @@ HEADER_VALUE = st.one_of(st.text(alphabet=string.printable, max_size=40), st.bin
        version=st.sampled_from(["HTTP/1.1"] * 6 + ["HTTP/1.0", "HTTP/2.0", "HTTP/1.1 x", ""]),
        body=st.sampled_from([b'{"history": ["i001"]}', b'{"histories": [["i002"], []], "k": 3}', b"", b"{"]))
 def test_request_headers_get_an_answer_below_500(service, headers, length, version, body):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     lines = [f"POST /v1/recommend {version}".rstrip(), "Host: 127.0.0.1"]
     lines += [f"{name}: {value}" for name, value in headers]
     lines += {"right": [f"Content-Length: {len(body)}"], "short": [f"Content-Length: {max(0, len(body) - 3)}"],

@@ -2,16 +2,14 @@
 `recommend --stdin` and the bundle manifest. Each must accept an input or refuse it as bad input (InputError,
 exit 2): never a traceback, never another exit code.
 
-CI runs 1,000 examples per reader (CI=true); a local run 100. On failure the report names the seed:
-rerun with GENCLI_FUZZ_SEED=<seed> to replay it.
+Example counts and replay: :mod:`fuzz.fuzzing` (1,000 per reader under CI=true, derandomized; 100 locally, a
+failure names GENCLI_FUZZ_SEED to replay it).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import random
 import string
 import tempfile
 from pathlib import Path
@@ -19,7 +17,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, note, seed, settings
+from fuzz.fuzzing import FUZZ, note_seed, replay
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gencli.cli import cli
@@ -28,11 +27,6 @@ from gencli.core.data.ingest import run as ingest
 from gencli.core.infer import bundle
 from gencli.errors import InputError
 from gencli.flow.query import read_queries
-
-EXAMPLES = 1000 if os.environ.get("CI") else 100
-SEED = int(os.environ.get("GENCLI_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, print_blob=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,24 +55,24 @@ def _ingest_outcome(tmp_path, items: bytes, inter: bytes, name: str) -> None:
         assert list(out.iterdir()) == [], "nothing is written on error"
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(header=HEADERS, rows=st.lists(st.lists(CELL, max_size=5), max_size=6), sep=st.sampled_from([",", "\t", ";"]),
        raw=st.binary(max_size=64), use_raw=st.booleans())
 def test_interactions_csv_never_crash(tmp_path, header, rows, sep, raw, use_raw):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     inter = raw if use_raw else _table(header, rows, sep).encode("utf-8", "surrogatepass")
     _ingest_outcome(tmp_path, b"item_id,title\na,A\nb,B\nc,C\n", inter, "items.csv")
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(header=HEADERS, rows=st.lists(st.lists(CELL, max_size=5), max_size=6), gz=st.booleans(),
        cut=st.integers(0, 200))
 def test_items_csv_and_gzip_never_crash(tmp_path, header, rows, gz, cut):
     import gzip
 
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     data = _table(header, rows, ",").encode("utf-8", "surrogatepass")
     if gz:
         data = gzip.compress(data)[: cut or None]
@@ -92,22 +86,22 @@ RECORD = st.dictionaries(st.sampled_from(["item_id", "title", "description", "hi
                          JSON_VALUE, max_size=4)
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(records=st.lists(st.one_of(RECORD.map(json.dumps), st.text(max_size=20)), max_size=5),
        deep=st.integers(0, 3))
 def test_items_jsonl_never_crash(tmp_path, records, deep):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     lines = [*records, '{"item_id": "d", "t": ' + "[" * (10**deep * 5) + "]" * (10**deep * 5) + "}"]
     _ingest_outcome(tmp_path, "\n".join(lines).encode("utf-8", "surrogatepass"),
                     b"user_id,item_id\nu1,a\nu1,b\n", "items.jsonl")
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(lines=st.lists(st.one_of(RECORD.map(json.dumps), st.text(max_size=30)), max_size=6))
 def test_stdin_queries_never_crash(lines):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     try:
         queries = read_queries(io.StringIO("\n".join(lines) + "\n"), have_workdir_users=False)
     except InputError:
@@ -124,11 +118,11 @@ TOML_KEY = st.sampled_from(["promote-tolerance", "keep-bundles", "promote", "pre
                             "promote-users", "steps", "unknown-key"])
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(top=st.dictionaries(TOML_KEY, TOML_VALUE, max_size=4), junk=st.text(max_size=12), use_junk=st.booleans())
 def test_pipeline_toml_never_crash(tmp_path, top, junk, use_junk):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     body = "".join(f"{k} = {v}\n" for k, v in top.items() if k != "steps")
     body += 'steps = ["ingest"]\n[ingest]\nitems = "missing-items.csv"\n'  # no step can do work: at most exit 2
     config = Path(tempfile.mkdtemp(dir=tmp_path)) / "p.toml"
@@ -150,7 +144,7 @@ def bundle_dir(tmp_path_factory):
     return root
 
 
-@seed(SEED)
+@replay
 @FUZZ
 @given(meta=st.dictionaries(st.sampled_from(["format_version", "files", "decode", "sha256", "items", "x"]),
                             JSON_VALUE, max_size=5),
@@ -159,7 +153,7 @@ def bundle_dir(tmp_path_factory):
                              st.one_of(st.integers(-1, 10**6), JSON_VALUE), max_size=5),
        with_files=st.booleans())
 def test_bundle_manifest_never_crash(bundle_dir, meta, files, with_files):
-    note(f"GENCLI_FUZZ_SEED={SEED}")
+    note_seed()
     if with_files:
         meta = {**meta, "files": files}
     (bundle_dir / bundle.BUNDLE_JSON).write_text(json.dumps(meta))

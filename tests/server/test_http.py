@@ -30,8 +30,10 @@ def _same(want, got: list[dict]) -> None:
 
 
 def _metric(text: str, name: str) -> float:
+    """The value of the series ``name``; a series that is not exported fails the test (a renamed one too)."""
     found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
+    assert found, f"no series {name} in /metrics"
+    return float(found.group(1))
 
 
 def test_concurrent_answers_equal_recommend_and_are_batched(bundles, recommenders, serving):

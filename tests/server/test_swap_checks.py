@@ -45,7 +45,33 @@ def _unlisted_link(folder) -> None:
     (folder / "model" / "tokenizer.json").symlink_to(outside)
 
 
+def _relisted(folder, name: str) -> None:
+    """List ``name`` again at its current size and sha256, re-signed: only the check under test can catch it."""
+    meta = json.loads((folder / bundle.BUNDLE_JSON).read_text())
+    _resign(folder, files={**meta["files"], name: (folder / name).stat().st_size},
+            sha256={**meta["sha256"], name: hashlib.sha256((folder / name).read_bytes()).hexdigest()})
+
+
+def _config(**fields):
+    def damage(folder) -> None:
+        config = folder / "model" / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), **fields}))
+        _relisted(folder, "model/config.json")
+    return damage
+
+
+def _no_tensors(folder) -> None:
+    from safetensors.torch import save_file
+
+    save_file({}, str(folder / "model" / "model.safetensors"))
+    _relisted(folder, "model/model.safetensors")
+
+
 HOSTILE = [
+    ("layers_3000", _config(num_hidden_layers=3000), "field num_hidden_layers must be an integer in [1, 1,024]"),
+    ("layers_6", _config(num_hidden_layers=6), "the weights lack 44 tensor(s) config.json implies"),
+    ("llama", _config(model_type="llama", architectures=["LlamaForCausalLM"]), "tensor(s) config.json does not imply"),
+    ("no_tensors", _no_tensors, "the weights lack 25 tensor(s)"),
     ("model_id", lambda f: _resign(f, model_id="x\r\nSet-Cookie: a=1"), "field model_id must be a model id"),
     ("non_latin1", lambda f: _resign(f, model_id="модель"), "field model_id must be a model id"),
     ("huge_id", lambda f: _resign(f, model_id="a" * 200_000), "field model_id must be a model id"),
@@ -75,7 +101,10 @@ def test_a_hostile_bundle_is_refused_on_hot_swap_and_the_old_one_serves(bundles,
             time.sleep(0.01)
         answer = client.post("/v1/recommend", json={"history": ["i001"]})
         ready = client.get("/readyz").json()
+        metrics = client.get("/metrics").text
     assert answer.status_code == 200 and answer.headers["x-gencli-model"] == old
     assert ready["status"] == "ready" and ready["bundle"]["model_id"] == old
+    assert 'gencli_serve_reloads_total{result="failed"} 1\n' in metrics
+    assert 'gencli_serve_reloads_total{result="ok"} 0\n' in metrics
     [failed] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert says in failed and str(hostile) in failed and "\n" not in failed

@@ -30,14 +30,16 @@ from gencli.core.infer.bundle_check import (
     BUNDLE_JSON,
     CHECKSUM,
     check_replaceable,
+    check_weight_map,
     digest_problems,
     folder_problems,
+    inside,
     manifest_digest,
     meta_problems,
     users_problems,
 )
-from gencli.core.infer.bundle_check import _shown as _shown
 from gencli.core.infer.bundle_check import bad as _bad
+from gencli.core.infer.bundle_check import shown as _shown
 from gencli.errors import ArtifactError, InputError
 from gencli.fileio import load_npy, parse_json, sha256_file
 
@@ -183,7 +185,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     needed = (ITEMS, artifacts.SID_VOCAB, f"{MODEL}/config.json")
     if not isinstance(files, dict) or any(name not in files for name in needed):
         raise _bad(path, f"{BUNDLE_JSON} lacks the file list (or it misses one of {', '.join(needed)})")
-    outside = [name for name in files if not _inside(path, name)]
+    outside = [name for name in files if not inside(path, name)]
     if outside:  # never stat (or later read) a path outside the bundle: /etc/shadow, ../
         raise _bad(path, f"{BUNDLE_JSON} lists file(s) outside the bundle ({', '.join(map(_shown, outside[:3]))})")
     problems = meta_problems(meta, MAX_BEAMS) + folder_problems(path, files)
@@ -203,36 +205,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if problems:
         raise _bad(path, "; ".join(problems[:5]))
     return meta
-
-
-def _inside(root: Path, name: Any) -> bool:
-    """True when ``name`` is a relative path that stays inside ``root``, symbolic links resolved."""
-    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or "\x00" in name:
-        return False
-    parts = Path(name).parts
-    if ".." in parts:
-        return False
-    base = Path(root).resolve()
-    target = (base / name).resolve()
-    return target == base or base in target.parents
-
-
-def check_weight_map(path: Path) -> None:
-    """A sharded model's index may name only shard files inside the bundle's model folder."""
-    model = Path(path) / MODEL
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        file = model / index
-        if not file.is_file():
-            continue
-        try:
-            weight_map = parse_json(file.read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
-            raise _bad(path, f"{MODEL}/{index} is not a valid index ({exc})") from None
-        if not isinstance(weight_map, dict):
-            raise _bad(path, f"{MODEL}/{index} has no weight_map object")
-        outside = sorted({str(v) for v in weight_map.values() if not _inside(model, v)})
-        if outside:
-            raise _bad(path, f"{MODEL}/{index} points to weights outside the bundle ({', '.join(outside[:3])})")
 
 
 @dataclass
@@ -328,6 +300,7 @@ class Bundle:
 def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle:
     """Read and check a bundle folder: its manifest, catalog, SID vocabulary and model (the one model loader)."""
     from gencli.core.device import resolve_device, resolve_dtype
+    from gencli.core.infer.model_check import model_problems, sid_vocab_ids
     from gencli.core.lm.lean import load_decoder
     from gencli.core.lm.prompt import load_sid_vocab
 
@@ -341,12 +314,15 @@ def open_bundle(path: Path, device: str = "auto", dtype: str = "auto") -> Bundle
     except ArtifactError as exc:
         raise _bad(path, str(exc).split("; rerun")[0]) from None
     codes = items.codes
-    check_weight_map(path)
+    check_weight_map(path, MODEL)
+    problems = model_problems(Path(path) / MODEL, sid_vocab_ids(vocab))  # before any weight is read or allocated
+    if problems:
+        raise _bad(path, f"{MODEL}/: " + "; ".join(problems[:3]))
     torch_device = resolve_device(device)
     try:
         model = load_decoder(Path(path) / MODEL, torch_device, resolve_dtype(dtype, torch_device))
-    except ArtifactError as exc:
-        raise _bad(path, str(exc).split("; rerun")[0]) from None
+    except ArtifactError as exc:  # one short line: transformers' messages span lines and echo whole values
+        raise _bad(path, _shown(" ".join(str(exc).split("; rerun")[0].split()), 600)) from None
     decode = meta["decode"]
     return Bundle(Path(path), model, vocab, items.item_ids, items.titles, codes,
                   max_history=decode.get("max_history", SFT_MAX_HISTORY), beams=decode.get("beams", 0), metadata=meta,

@@ -70,16 +70,16 @@ def meta_problems(meta: dict[str, Any], max_beams: int) -> list[str]:
     }
     for key, (ok, what) in checks.items():
         if key in meta and not ok(meta[key]):
-            problems.append(f"{BUNDLE_JSON} field {key} must be {what} (got {_shown(meta[key])})")
+            problems.append(f"{BUNDLE_JSON} field {key} must be {what} (got {shown(meta[key])})")
     source = meta.get("source", {})
     if not isinstance(source, dict):
         problems.append(f"{BUNDLE_JSON} field source must be an object")
     else:
         if "model_step" in source and not _text(source["model_step"], STEP):
             problems.append(f"{BUNDLE_JSON} field source.model_step must be a step name (got "
-                            f"{_shown(source['model_step'])})")
+                            f"{shown(source['model_step'])})")
         if "workdir" in source and not _text(source["workdir"]):
-            problems.append(f"{BUNDLE_JSON} field source.workdir must be a path (got {_shown(source['workdir'])})")
+            problems.append(f"{BUNDLE_JSON} field source.workdir must be a path (got {shown(source['workdir'])})")
         steps = source.get("steps", {})
         if not isinstance(steps, dict) or not all(_text(k, STEP) and _text(v, limit=128) for k, v in steps.items()):
             problems.append(f"{BUNDLE_JSON} field source.steps must map step names to digests")
@@ -90,10 +90,10 @@ def meta_problems(meta: dict[str, Any], max_beams: int) -> list[str]:
         for key, low, high in (("max_history", 1, 1_000_000), ("beams", 0, max_beams), ("k", 1, max_beams)):
             if key in decode and not _int(decode[key], low, high):
                 problems.append(f"{BUNDLE_JSON} field decode.{key} must be an integer in [{low}, {high}] (got "
-                                f"{_shown(decode[key])})")
+                                f"{shown(decode[key])})")
         if "exclude_seen" in decode and not isinstance(decode["exclude_seen"], bool):
             problems.append(f"{BUNDLE_JSON} field decode.exclude_seen must be true or false (got "
-                            f"{_shown(decode['exclude_seen'])})")
+                            f"{shown(decode['exclude_seen'])})")
     return problems
 
 
@@ -136,7 +136,7 @@ def folder_problems(root: Path, files: dict[str, Any]) -> list[str]:
     return found
 
 
-def _shown(value: Any, limit: int = 60) -> str:
+def shown(value: Any, limit: int = 60) -> str:
     """A value of a file as a message may show it: a short plain string as it is, anything else as ASCII JSON cut to
     ``limit`` characters (no newline or escape sequence of a hostile file reaches a terminal or a log)."""
     if isinstance(value, str) and value.isascii() and _text(value, limit=limit):
@@ -196,6 +196,36 @@ def check_replaceable(out_dir: Path, model_dir: Path) -> None:
         elif not p.is_file() and not p.is_dir():
             foreign.append(p.relative_to(out_dir).as_posix())
     if not listed or foreign:
-        shown = ", ".join(foreign[:5]) or f"no readable {BUNDLE_JSON}"
-        raise InputError(f"--force replaces only a gencli bundle, and {out_dir} holds other files ({shown}); "
+        found = ", ".join(foreign[:5]) or f"no readable {BUNDLE_JSON}"
+        raise InputError(f"--force replaces only a gencli bundle, and {out_dir} holds other files ({found}); "
                          "nothing was deleted: choose a new folder, or remove those files yourself")
+
+
+def inside(root: Path, name: Any) -> bool:
+    """True when ``name`` is a relative path that stays inside ``root``, symbolic links resolved."""
+    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or "\x00" in name:
+        return False
+    parts = Path(name).parts
+    if ".." in parts:
+        return False
+    base = Path(root).resolve()
+    target = (base / name).resolve()
+    return target == base or base in target.parents
+
+
+def check_weight_map(path: Path, folder: str) -> None:
+    """A sharded model's index may name only shard files inside the bundle's model folder."""
+    model = Path(path) / folder
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        file = model / index
+        if not file.is_file():
+            continue
+        try:
+            weight_map = parse_json(file.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+            raise bad(path, f"{folder}/{index} is not a valid index ({exc})") from None
+        if not isinstance(weight_map, dict):
+            raise bad(path, f"{folder}/{index} has no weight_map object")
+        outside = sorted({str(v) for v in weight_map.values() if not inside(model, v)})
+        if outside:
+            raise bad(path, f"{folder}/{index} points to weights outside the bundle ({', '.join(outside[:3])})")

@@ -7,8 +7,8 @@ With ``exclude_seen`` every item of the history is banned inside the decoder
 (:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
 that many, with no over-generation and filtering afterwards. An empty history (or one of unknown ids only) gets
 the no-history prior, what has been popular lately (:mod:`gencli.core.infer.prior`, fitted by sft), with the blend;
-the model alone (``--ranking model``, or a model step from before the prior) answers it with its unconditional top K
-(the prompt is BOS alone). A score is the summed log-probability of the item's SID tokens (the blend's, or the
+without a prior (``--ranking model``, or a model step or bundle without item_prior.npy) the model alone answers it
+with its unconditional top K (the prompt is BOS alone; the content side, a profile of nothing, would tie every item). A score is the summed log-probability of the item's SID tokens (the blend's, or the
 prior's log share): higher is better, comparable within one user's list.
 """
 
@@ -184,6 +184,9 @@ class Recommender:
             scores = np.full((len(histories), k), -np.inf, np.float32)
             top, logs = prior_top(self.ranker.prior, self.ranker.counts, k)
             items[blind, : top.size], scores[blind, : top.size] = top, logs
+            if not np.isfinite(logs).all():  # a checked prior never gives one: a list never carries NaN or inf
+                raise BrokenModelError("the no-history prior scored an item NaN or infinite: its item_prior.npy is "
+                                       "damaged; re-export the bundle or rerun the model step")
             rest = np.flatnonzero(~blind)
             if rest.size:
                 ranked = self.rank([histories[i] for i in rest], k, beams, exclude_seen, max_history, prune, progress)
@@ -204,6 +207,8 @@ class Recommender:
         self._check_full(histories, out[0], out[1], beams if blended else k, exclude_seen)
         if blended:
             items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
+            empty = [row for row, h in enumerate(histories) if not h]  # no prior: a content profile of nothing
+            items[empty], scores[empty] = out[0][empty, :k], out[1][empty, :k]  # ties every item; the model's own
         else:
             items, scores = out[0], out[1]
         return Ranked(items, scores, np.zeros(len(histories), bool))
@@ -218,14 +223,14 @@ class Recommender:
         """The search returns min(k, allowed items) per history by construction; less, or a NaN score, means the
         weights are broken (bit flips, NaN): say so rather than answer with a short or empty list."""
         found = items >= 0
-        nan = np.isnan(scores) & found
+        nan = ~np.isfinite(scores) & found  # NaN, or an item ranked at -inf: no list (and no JSON) carries either
         for row, history in enumerate(histories):
             allowed = len(self.item_ids) - (len(set(history)) if exclude_seen else 0)
             got = int(found[row].sum())
             if got < min(k, allowed) or nan[row].any():
                 raise BrokenModelError(
                     f"the model is broken: it ranked {got} of the {min(k, allowed)} items this catalog allows"
-                    f"{' and scored some NaN' if nan[row].any() else ''} (history {row}); its weights are damaged "
+                    f"{' and scored some NaN or infinite' if nan[row].any() else ''} (history {row}); its weights are damaged "
                     "or not trained: re-export the bundle or retrain")
 
     def recommend_batch(

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from gencli.core.progress import SILENT, Progress
+from gencli.errors import ArtifactError
 
 RECOMMENDATIONS = "recommendations.parquet"
 
@@ -22,6 +23,7 @@ RECOMMENDATIONS = "recommendations.parquet"
 def recommender(inputs, cfg):
     """A Recommender over the model step ``inputs`` reads (``cfg``: a RecommendConfig: device, dtype, beams, ...)."""
     from gencli.core.device import resolve_device, resolve_dtype
+    from gencli.core.infer.model_check import model_problems, sid_vocab_ids
     from gencli.core.infer.recommend import Recommender
     from gencli.core.lm.lean import load_decoder
     from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
@@ -29,9 +31,12 @@ def recommender(inputs, cfg):
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
     items = inputs.items()
+    vocab = load_sid_vocab(vocab_path)
+    problems = model_problems(model_dir, sid_vocab_ids(vocab))  # before any weight is read, as a bundle's
+    if problems:
+        raise ArtifactError(f"model folder {model_dir}: {'; '.join(problems[:3])}", damaged=Path(model_dir))
     device = resolve_device(cfg.device)
     model = load_decoder(model_dir, device, resolve_dtype(cfg.dtype, device))
-    vocab = load_sid_vocab(vocab_path)
     return Recommender(model, vocab, items["item_id"].cast(pl.String).to_list(),
                        items["title"].cast(pl.String).to_list(), codes,
                        max_history=cfg.max_history or inputs.trained_history(), beams=cfg.beams,

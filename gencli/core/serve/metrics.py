@@ -135,7 +135,8 @@ class ServeMetrics:
         r = self.registry = Registry()
         self.requests = Counter(r, "gencli_serve_requests_total", "HTTP requests answered, by endpoint and status.")
         self.errors = Counter(r, "gencli_serve_errors_total", "Requests answered with an error, by endpoint and kind "
-                                                              "(bad_input, overloaded, internal).")
+                                                              "(bad_input, overloaded, internal, broken_model, "
+                                                              "unauthorized, timeout, disconnected).")
         self.latency = Histogram(r, "gencli_serve_request_seconds", "Time from a request's arrival to its answer.",
                                  LATENCY_BUCKETS)
         self.batch = Histogram(r, "gencli_serve_batch_histories", "Histories decoded together in one batch.",

@@ -16,18 +16,26 @@ are :meth:`Recommender.recommend`'s (k 10, seen items excluded, unknown ids skip
 (integers are read as their decimal text, as ``gencli recommend --stdin`` reads them). With a ``history``,
 ``user_id`` is only echoed back. Unknown fields are refused, so a typo (``exclude-seen``) is an error rather than a
 default silently applied.
+
+With ``--api-key`` a request must also carry ``Authorization: Bearer KEY`` (:class:`Access`), as vLLM's and TGI's
+``--api-key`` ask: the recommend routes, and ``/metrics`` unless ``--metrics-public``; ``/healthz`` and ``/readyz``
+stay open for load balancers and supervisors. The comparison takes the same time whatever the guess
+(:func:`hmac.compare_digest`), and the key is never logged, echoed, nor part of a config's repr. A refusal is 401
+with ``WWW-Authenticate: Bearer`` and no detail (nothing tells a stranger how close it came).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_K = 10  # Recommender.recommend's defaults: the answer to the same history is the same
 ONE_FIELDS = ("history", "k", "exclude_seen", "strict", "user_id")
 BATCH_FIELDS = ("histories", "user_ids", "k", "exclude_seen", "strict")
+BEARER = "bearer"
 
 
 class BadRequest(Exception):
@@ -172,3 +180,22 @@ def batch_query(obj: Any, limits: Limits) -> Query:
     parsed = [_history(h, f"histories[{i}]", limits) for i, h in enumerate(histories)]
     k, exclude_seen, strict = _options(obj, limits)
     return Query(parsed, k, exclude_seen, strict)
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may call what: ``key`` empty = everyone (the default, for a server behind a proxy or on 127.0.0.1)."""
+
+    key: str = field(default="", repr=False)
+    metrics_public: bool = False
+
+    def allows(self, authorization: str | None, metrics: bool = False) -> bool:
+        """Whether a request with this ``Authorization`` header value may call a guarded route (``metrics``: the
+        /metrics route)."""
+        if not self.key or (metrics and self.metrics_public):
+            return True
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        expected = self.key.encode("utf-8")
+        # a header value arrives as latin-1: its bytes as sent; compared even for a wrong scheme (same time)
+        ok = hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
+        return ok and scheme.lower() == BEARER

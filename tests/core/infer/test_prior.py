@@ -127,3 +127,26 @@ def test_blend_records_keep_older_files_readable():
     assert "cold" not in Blend(0.5).to_dict() and Blend(0.5, cold=8).to_dict()["cold"] == 8.0
     with pytest.raises(ValueError, match="blend cold must be in"):
         Blend(0.5, cold=-1)
+
+
+def test_an_item_without_prior_mass_scores_a_finite_floor():
+    top, logs = P.prior_top(np.array([3.0, 1.0, 0.0]), np.array([3, 1, 0]), 3)
+    assert top.tolist() == [0, 1, 2]
+    assert logs.tolist() == pytest.approx([math.log(3 / 4), math.log(1 / 4), math.log(P.SHARE_FLOOR)])
+    assert np.isfinite(logs).all() and logs[2] == pytest.approx(-708.3964, abs=1e-3)
+
+
+@pytest.mark.parametrize(("row", "value", "says"), [
+    (1, 1e308, "row 1 (the prior) must be in [0, 2**53] (item row 2: 1e+308)"),
+    (0, 1e308, "row 0 (training-target counts) must be in [0, 2**53] (item row 2: 1e+308)"),
+    (1, -1.0, "row 1 (the prior) must be in [0, 2**53] (item row 2: -1)"),
+    (0, 0.5, "row 0 (training-target counts) must hold whole numbers"),
+    (1, np.inf, "holds NaN or infinite values"),
+])
+def test_a_prior_out_of_range_is_refused_naming_the_row(tmp_path, row, value, says):
+    stats = np.ones((2, 4))
+    stats[row, 2] = value
+    np.save(tmp_path / "item_prior.npy", stats)
+    with pytest.raises(ValueError) as caught:
+        P.read_item_prior(tmp_path / "item_prior.npy", 4)
+    assert str(caught.value) == f"item_prior.npy {says}"
