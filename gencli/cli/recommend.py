@@ -24,7 +24,8 @@ def _options(f):
         click.option("--user-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="A file of user ids, one per line."),
         click.option("--history", default=None, metavar="I1,I2,...",
-                     help="One ad-hoc history of item ids, oldest first ('' = empty: what has been popular lately)."),
+                     help="One ad-hoc history of item ids, oldest first ('' = empty: what has been popular lately; "
+                          "the model's own list for a model without a prior)."),
         click.option("--stdin", "from_stdin", is_flag=True,
                      help='Read JSON Lines {"user_id": ..., "history": [item ids]} from stdin; answers keep their '
                           "order (history may be left out for a workdir user)."),

@@ -69,24 +69,34 @@ def test_a_missing_workdir_is_refused_and_nothing_is_written(tmp_path, monkeypat
     assert "does not exist" in message and not (tmp_path / "report.html").exists()
 
 
+CI_MAIN_WORKDIR = "CI_MAIN_WORKDIR"  # set by .ci/run to the workdir of README's main job it ran
+
+
 @pytest.mark.slow
 def test_the_main_jobs_report_takes_under_five_seconds_on_one_thread(sample_dir, tmp_path):
     """The target: the main job's workdir (sample_data/pipeline.toml, minutes) reported by a fresh process."""
     import os
+    import resource
+    import shutil
     import subprocess
     import sys
-    import time
 
     from gencli.flow.report import read_report
 
     wd, out = tmp_path / "main", tmp_path / "report.html"
-    r = CliRunner().invoke(cli, ["run", str(sample_dir / "pipeline.toml"), "--workdir", str(wd), "--json"])
-    assert r.exit_code == 0, r.output
-    started = time.perf_counter()
+    made = os.environ.get(CI_MAIN_WORKDIR)  # .ci/run's own run of README's main job, not run a second time
+    if made:
+        shutil.copytree(made, wd)
+    else:
+        r = CliRunner().invoke(cli, ["run", str(sample_dir / "pipeline.toml"), "--workdir", str(wd), "--json"])
+        assert r.exit_code == 0, r.output
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-m", "gencli", "--threads", "1", "report", "--workdir", str(wd), "--output",
                     str(out)], check=True, capture_output=True, timeout=60,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    assert time.perf_counter() - started < 5
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the report process (start-up included): what it costs, whatever else the machine is doing
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 5
     assert out.stat().st_size < 5 * 1024 * 1024
     report = read_report(wd)
     assert report["problems"] == [] and [t["step"] for t in report["training"]] == ["sft"]
