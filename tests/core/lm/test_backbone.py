@@ -15,9 +15,6 @@ from gencli.core.lm.hub import MODEL_INFO, pull_smollm2
 from gencli.core.lm.presets import PRESETS, build_tiny, list_models, resolve_backbone
 from gencli.errors import ArtifactError, InputError
 
-
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
