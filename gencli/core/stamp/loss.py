@@ -11,7 +11,7 @@ import torch
 
 from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss, decoder_of
-from gencli.core.stamp.sap import kept_width, pruned_forward
+from gencli.core.stamp.sap import causal_mask, kept_width, pruned_forward
 
 PLAN = "stamp_plan"
 """The batch key :meth:`StampLoss.prepare` adds (a :class:`Plan`, not a tensor: it stays on the host)."""
@@ -89,8 +89,9 @@ class StampLoss:
             targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
             following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
         else:
-            out = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-            hidden = out.last_hidden_state
+            embeds = decoder.embed_tokens(batch["input_ids"])  # a built mask: no "all real tokens?" check, no sync
+            mask = causal_mask(decoder, embeds, batch["attention_mask"].bool())
+            hidden = decoder(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
         hidden, targets, following = hidden.flatten(0, 1), targets.flatten(), following.flatten()
         labelled = targets != IGNORE_INDEX
         main = labelled_slots(labelled, plan.main)

@@ -125,8 +125,9 @@ def resolve(model: torch.nn.Module, stamp: StampConfig) -> StampConfig:
     return dataclasses.replace(stamp, layer=layer)
 
 
-def _mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
-    """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants."""
+def causal_mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
+    """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants
+    (4D: the decoder passes it through as it is)."""
     from transformers.masking_utils import create_causal_mask
 
     # positional: the cache argument is ``past_key_values`` up to transformers 5.17 and ``cache`` from 5.24 on.
@@ -247,7 +248,7 @@ def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     hidden = decoder.embed_tokens(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
     rope = decoder.rotary_emb(hidden, position_ids=positions)
-    mask = _mask(decoder, hidden, valid)
+    mask = causal_mask(decoder, hidden, valid)
     for block in decoder.layers[: layer - 1]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
     scoring_layer = decoder.layers[layer - 1]
@@ -305,7 +306,7 @@ def forward_kept(model: torch.nn.Module, hidden: torch.Tensor, index: torch.Tens
     decoder = decoder_of(model)
     hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     rope = decoder.rotary_emb(hidden, position_ids=index)  # original positions
-    mask = _mask(decoder, hidden, slot_ok)
+    mask = causal_mask(decoder, hidden, slot_ok)
     for block in decoder.layers[layer:]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
     return Pruned(decoder.norm(hidden), index, slot_ok)
