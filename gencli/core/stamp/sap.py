@@ -66,7 +66,7 @@ MAP (``StampConfig.map``): at every position ``t`` whose target ``y_{t+1}`` and 
 fuses the final (normed) hidden state ``h_t`` with the raw input embedding of the ground-truth next token, as the
 paper has it; the same LM head (shared weights, no new parameters) maps it to logits for ``y_{t+2}``. The
 embedding does not go through the final norm: that put both terms on the head's scale, but started the auxiliary
-cross-entropy at 29-40 nats on smollm2 (11-12 raw) and sent its gradient into the final norm through a path the
+cross-entropy far above log(V) on a pretrained backbone and sent its gradient into the final norm through a path the
 paper does not have (research/stamp/NOTES.md). Loss = main CE + w * auxiliary CE, both summed over their
 positions (the engine divides by the number of main targets), where w ramps linearly from 0 to ``mtp_weight``
 (default 0.1) over the first ``mtp_warmup`` optimizer steps. Inference does not change: MAP is a training-only loss.
