@@ -19,11 +19,13 @@ PLAN = "stamp_plan"
 
 @dataclass(frozen=True)
 class Plan:
-    """A batch's host-side sizes: SAP's kept width (0 without SAP) and the labelled positions of each loss."""
+    """A batch's host-side sizes: SAP's kept width (0 without SAP), the labelled positions of each loss, and whether
+    any row is padded (without padding SAP's first layers run sdpa's causal kernel, no mask)."""
 
     width: int
     main: int
     aux: int
+    padded: bool = True
 
 
 def next_targets(targets: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,7 @@ class StampLoss:
         labelled = targets != IGNORE_INDEX
         aux = int((labelled & (next_targets(targets) != IGNORE_INDEX)).sum()) if self.stamp.map else 0
         width = kept_width(mask, targets, self.stamp) if self.stamp.sap else 0
-        return Plan(width, int(labelled.sum()), aux)
+        return Plan(width, int(labelled.sum()), aux, not bool(mask.bool().all()))
 
     def prepare(self, batch: dict[str, torch.Tensor]) -> dict:
         """``batch`` (still on the host) with its :class:`Plan` under :data:`PLAN`."""
@@ -84,12 +86,14 @@ class StampLoss:
         following = next_targets(targets)
         if self.stamp.sap:
             pruned = pruned_forward(model, batch["input_ids"], batch["attention_mask"], targets, self.stamp,
-                                    plan.width)
+                                    plan.width, plan.padded)
             hidden = pruned.hidden
             targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
             following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
         else:
-            embeds = decoder.embed_tokens(batch["input_ids"])  # a built mask: no "all real tokens?" check, no sync
+            # a built 4D mask, even without padding: left None, the decoder would check the mask (and, with none,
+            # its position ids for packed sequences) on the device
+            embeds = decoder.embed_tokens(batch["input_ids"])
             mask = causal_mask(decoder, embeds, batch["attention_mask"].bool())
             hidden = decoder(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
         hidden, targets, following = hidden.flatten(0, 1), targets.flatten(), following.flatten()

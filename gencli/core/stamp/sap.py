@@ -125,13 +125,16 @@ def resolve(model: torch.nn.Module, stamp: StampConfig) -> StampConfig:
     return dataclasses.replace(stamp, layer=layer)
 
 
-def causal_mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
+def causal_mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor, padded: bool = True):
     """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants
-    (4D: the decoder passes it through as it is)."""
+    (4D: the decoder passes it through as it is). ``padded`` False (no slot is padding, known on the host): the
+    plain causal mask, which sdpa runs as its causal kernel (None)."""
     from transformers.masking_utils import create_causal_mask
 
     # positional: the cache argument is ``past_key_values`` up to transformers 5.17 and ``cache`` from 5.24 on.
-    # No causal skip: that check (is every token real?) reads the mask back from the device, a sync per build
+    # Either way no "is every token real?" check, which reads the mask back from the device (a sync per build)
+    if not padded:
+        return create_causal_mask(decoder.config, hidden, None, None)
     return create_causal_mask(decoder.config, hidden, valid.long(), None, allow_is_causal_skip=False)
 
 
@@ -235,20 +238,20 @@ def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_windo
 
 
 def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int,
-                attention: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                attention: bool = True, padded: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The first ``layer`` decoder layers on every token, and SAP's raw factors from the last of them.
 
     Returns (hidden states after them [B, N, d], ||h_i||_1 [B, N], attention received [B, N] or None
     when ``attention`` is False, which skips recomputing the attention matrix). ``attention_mask``
-    is the right-padded 2D mask (positions 0..N-1). The factors carry no gradient; the hidden
-    states do (training continues from them).
+    is the right-padded 2D mask (positions 0..N-1); ``padded`` False: it has no padding (:func:`causal_mask`). The
+    factors carry no gradient; the hidden states do (training continues from them).
     """
     decoder = decoder_of(model)
     valid = attention_mask.bool()
     hidden = decoder.embed_tokens(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
     rope = decoder.rotary_emb(hidden, position_ids=positions)
-    mask = causal_mask(decoder, hidden, valid)
+    mask = causal_mask(decoder, hidden, valid, padded)
     for block in decoder.layers[: layer - 1]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
     scoring_layer = decoder.layers[layer - 1]
@@ -264,13 +267,13 @@ def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 layer: int, score: str = "importance") -> tuple[torch.Tensor, torch.Tensor]:
+                 layer: int, score: str = "importance", padded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden states after the first ``layer`` layers [B, N, d], each token's score [B, N] under ``score``).
 
     importance = Norm(||h||_1) x Norm(attention received), attention = Norm(attention received),
     recency = the position. Shared by SAP in training and ``eval --prune``.
     """
-    hidden, norm, received = sap_factors(model, input_ids, attention_mask, layer, attention=score != "recency")
+    hidden, norm, received = sap_factors(model, input_ids, attention_mask, layer, score != "recency", padded)
     valid = attention_mask.bool()
     if score == "recency":  # newest first
         return hidden, torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(norm).float()
@@ -280,18 +283,20 @@ def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   targets: torch.Tensor | None, settings: StampConfig, width: int | None = None) -> Pruned:
+                   targets: torch.Tensor | None, settings: StampConfig, width: int | None = None,
+                   padded: bool = True) -> Pruned:
     """Run the decoder with SAP: full length up to layer ``settings.layer``, the kept tokens after it.
 
     ``attention_mask`` is the right-padded 2D mask; ``targets`` (or None) marks positions
     that must survive; ``width`` the kept slots (:func:`kept_width` of the host batch; None computes it here,
-    which waits for the device). Returns the final-normed hidden states of the kept tokens.
+    which waits for the device); ``padded`` False: ``attention_mask`` has no padding (known on the host). Returns the
+    final-normed hidden states of the kept tokens.
     """
     valid = attention_mask.bool()
     layer = settings.layer  # resolved once per run (:func:`resolve`)
     if width is None:
         width = kept_width(attention_mask.cpu(), None if targets is None else targets.cpu(), settings)
-    hidden, scores = score_tokens(model, input_ids, attention_mask, layer, settings.score)
+    hidden, scores = score_tokens(model, input_ids, attention_mask, layer, settings.score, padded)
     with torch.no_grad():
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
         protected = protected_positions(keep_targets, valid, settings.recent_window, keep_first=True)

@@ -67,12 +67,13 @@ def _batch(lengths=(40, 29, 7)):
     return {"input_ids": ids, "attention_mask": mask, "targets": targets}
 
 
+@pytest.mark.parametrize("lengths", [(40, 29, 7), (24, 24, 24)])  # padded; none (the first layers: sdpa's causal kernel)
 @pytest.mark.parametrize("sap,mtp,score", [(True, False, "recency"), (True, False, "importance"),
                                            (True, True, "recency"), (False, True, "recency")])
-def test_stamp_forward_and_backward_make_no_host_sync(sap, mtp, score):
+def test_stamp_forward_and_backward_make_no_host_sync(sap, mtp, score, lengths):
     model = tiny("qwen3").train()
     loss_fn = make_loss(StampConfig(sap=sap, map=mtp, layer=1, keep_ratio=0.5, recent_window=4, score=score))
-    batch = loss_fn.prepare(_batch())  # on the host, as forward_backward does before the device copy
+    batch = loss_fn.prepare(_batch(lengths))  # on the host, as forward_backward does before the device copy
     with Syncs() as syncs:
         loss = loss_fn(model, batch)
         loss.backward()
@@ -104,7 +105,7 @@ def test_padded_slots_change_nothing():
     losses, grads = [], []
     for width in (20, 40):
         model = tiny("llama")
-        loss = StampLoss(cfg)(model, {**batch, PLAN: Plan(width, 9, 6)})
+        loss = StampLoss(cfg)(model, {**batch, PLAN: Plan(width, 9, 6, True)})
         loss.backward()
         losses.append(float(loss.detach()))
         grads.append(model.model.layers[2].mlp.up_proj.weight.grad)
@@ -168,13 +169,15 @@ def test_the_training_step_sets_the_weight_from_the_optimizer_steps():
     assert weights == [0.0, 0.1 / 4, 0.1 * 2 / 4]
 
 
-def test_keep_ratio_one_equals_plain_training_through_the_step():
-    # SAP at keep ratio 1 through the engine's step (prepare, bucketed width) moves the weights as plain sft does
+@pytest.mark.parametrize("lengths", [(40, 29, 7), (24, 24, 24)])
+def test_keep_ratio_one_equals_plain_training_through_the_step(lengths):
+    # SAP at keep ratio 1 through the engine's step (prepare, bucketed width; without padding, the causal kernel)
+    # moves the weights as plain sft does
     models = [tiny("llama").train(), tiny("llama").train()]
     losses = [TokenLoss(), make_loss(StampConfig(sap=True, layer=1, keep_ratio=1.0))]
     for model, loss_fn in zip(models, losses, strict=True):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        train_step(model, [_batch()], loss_fn, optimizer, torch.amp.GradScaler("cpu", enabled=False), 1.0,
+        train_step(model, [_batch(lengths)], loss_fn, optimizer, torch.amp.GradScaler("cpu", enabled=False), 1.0,
                    torch.device("cpu"), torch.float32)
     for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
