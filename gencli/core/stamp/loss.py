@@ -11,7 +11,7 @@ import torch
 
 from gencli.config import StampConfig
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss, decoder_of
-from gencli.core.stamp.sap import causal_mask, kept_width, pruned_forward
+from gencli.core.stamp.sap import kept_width, pruned_forward, sap_factors
 
 PLAN = "stamp_plan"
 """The batch key :meth:`StampLoss.prepare` adds (a :class:`Plan`, not a tensor: it stays on the host)."""
@@ -20,7 +20,7 @@ PLAN = "stamp_plan"
 @dataclass(frozen=True)
 class Plan:
     """A batch's host-side sizes: SAP's kept width (0 without SAP), the labelled positions of each loss, and whether
-    any row is padded (without padding SAP's first layers run sdpa's causal kernel, no mask)."""
+    any row is padded (without padding the full-length layers run sdpa's causal kernel, no mask)."""
 
     width: int
     main: int
@@ -91,11 +91,11 @@ class StampLoss:
             targets = targets.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
             following = following.gather(1, pruned.index).masked_fill(~pruned.valid, IGNORE_INDEX)
         else:
-            # a built 4D mask, even without padding: left None, the decoder would check the mask (and, with none,
-            # its position ids for packed sequences) on the device
-            embeds = decoder.embed_tokens(batch["input_ids"])
-            mask = causal_mask(decoder, embeds, batch["attention_mask"].bool())
-            hidden = decoder(inputs_embeds=embeds, attention_mask=mask, use_cache=False).last_hidden_state
+            # every layer through SAP's own loop, unpruned: the decoder's forward would check the mask (or, without
+            # one, its position ids for packed sequences) on the device
+            hidden, _, _ = sap_factors(model, batch["input_ids"], batch["attention_mask"], len(decoder.layers),
+                                       attention=False, padded=plan.padded)
+            hidden = decoder.norm(hidden)
         hidden, targets, following = hidden.flatten(0, 1), targets.flatten(), following.flatten()
         labelled = targets != IGNORE_INDEX
         main = labelled_slots(labelled, plan.main)
