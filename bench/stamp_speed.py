@@ -11,9 +11,9 @@ Each round trains every variant from the same weights on the same batches, one u
 ``--steps`` timed ones (the engine's own step, synchronised on CUDA), interleaved (base, sap, map, stamp, base, ...)
 so a load swing on a shared machine hits them alike; ratios are per round, then the median.
 
-    python bench/stamp_speed.py                                   # tiny, ~2 min
+    python bench/stamp_speed.py                                   # tiny, ~1 min
     gencli models pull smollm2-135m
-    python bench/stamp_speed.py --model smollm2-135m --layers 6   # the pretrained CPU proxy, ~15 min on 2 cores
+    python bench/stamp_speed.py --model smollm2-135m --layers 6   # the pretrained CPU proxy, 10-25 min on 2 cores
 """
 
 from __future__ import annotations
