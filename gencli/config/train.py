@@ -71,8 +71,11 @@ class StampConfig:
     score: str = option("recency", "SAP: token ranking: recency (newest first), importance (the paper's "
                                    "S_sem x S_attn) or attention (S_attn alone).",
                         choices=SAP_SCORES, option="--sap-score")
-    mtp_lambda: float = option(0.3, "MAP: fusion h = (1 - lambda) h_t + lambda RMSNorm(E(y_t+1)).", steps=TRAINING)
+    mtp_lambda: float = option(0.3, "MAP: fusion h = (1 - lambda) h_t + lambda E(y_t+1) (the raw input embedding).",
+                               steps=TRAINING)
     mtp_weight: float = option(0.1, "MAP: loss = main + weight * auxiliary.", steps=TRAINING)
+    mtp_warmup: int = option(100, "MAP: optimizer steps over which the auxiliary weight ramps linearly from 0 to "
+                                  "--mtp-weight (0 = the full weight from the first step).", steps=TRAINING)
 
     def problems(self, window_min: int = 0) -> list[str]:
         """What is wrong with these settings (empty when valid); ``window_min`` is 1 at eval prefill."""
@@ -85,6 +88,7 @@ class StampConfig:
                   + f" (got {self.recent_window})")
         c.require(0 <= self.mtp_lambda <= 1, f"--mtp-lambda must be in [0, 1] (got {self.mtp_lambda})")
         c.positive("mtp-weight", self.mtp_weight, allow_zero=True)
+        c.positive("mtp-warmup", self.mtp_warmup, allow_zero=True)
         return c.problems
 
     @property

@@ -158,6 +158,17 @@ def test_throughput_measures_the_three_losses(embedded_workdir, tmp_path):
 
 
 @pytest.mark.slow
+def test_stamp_speed_times_every_variant_on_both_mixes(embedded_workdir, tmp_path):
+    _shared_copy(embedded_workdir, tmp_path / "tiny")
+    out = tmp_path / "speed.json"
+    proc = run_bench("bench/stamp_speed.py", "--rounds", "1", "--steps", "1", "--batch-size", "4", "--min-tokens", "16",
+                     "--mix-batch-size", "4", "--workroot", str(tmp_path), "--out", str(out))
+    mixes = json.loads(out.read_text())["mixes"]
+    assert [[r["variant"] for r in mixes[m]["rows"]] for m in ("long", "mix")] == [["base", "sap", "map", "stamp"]] * 2
+    assert mixes["long"]["rows"][0]["speedup"] == 1.0 and "| stamp | " in proc.stdout
+
+
+@pytest.mark.slow
 def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
     out = tmp_path / "gpu-check"
     run_bench("bench/stamp_gpu_check.sh", str(tiny_workdir), str(tiny_workdir), str(out),

@@ -52,20 +52,24 @@ projections: ``softmax(Q K^T * scaling + mask)`` after its input norm, its q/k n
 and RoPE. Every layer keeps its fast attention kernel (sdpa); only this one score matrix is
 materialised.
 
+No device-to-host sync: how many slots the kept tokens take (K) depends only on the mask and the labels, so
+:func:`kept_width` reads it from the host copy of the batch before it goes to the device, rounded up to one of a
+few fixed widths (:func:`width_bucket`: few distinct shapes, at most an eighth of padding); the masks are built
+without transformers' "is it all real tokens?" check, and the loss gathers its positions by a sort instead of
+boolean indexing (:mod:`gencli.core.stamp.loss`). The same code runs on CPU and GPU.
+
 MAP (``StampConfig.map``): at every position ``t`` whose target ``y_{t+1}`` and the following target
 ``y_{t+2}`` are both labelled, a foresight state
 
-    h_mtp_t = (1 - lambda) * h_t + lambda * RMSNorm_final(E(y_{t+1}))
+    h_mtp_t = (1 - lambda) * h_t + lambda * E(y_{t+1})
 
-fuses the final (normed) hidden state ``h_t`` with the input embedding of the ground-truth
-next token, passed through the model's final norm. The same LM head (shared weights, no
-new parameters) maps it to logits for ``y_{t+2}``. Why this form: the head only ever sees
-outputs of the final RMSNorm, so putting the embedding through that norm puts both terms on
-the head's input scale (raw embedding rows are ~50x smaller than normed states), and the
-convex combination keeps the result there; ``lambda`` (default 0.3, the paper's) says how
-much of the "future" token is mixed in. Loss = main CE + ``mtp_weight`` (default 0.1) * auxiliary CE, both
-summed over their positions (the engine divides by the number of main targets). Inference
-does not change: MAP is a training-only loss.
+fuses the final (normed) hidden state ``h_t`` with the raw input embedding of the ground-truth next token, as the
+paper has it; the same LM head (shared weights, no new parameters) maps it to logits for ``y_{t+2}``. The
+embedding does not go through the final norm: that put both terms on the head's scale, but started the auxiliary
+cross-entropy far above log(V) on a pretrained backbone and sent its gradient into the final norm through a path the
+paper does not have (research/stamp/NOTES.md). Loss = main CE + w * auxiliary CE, both summed over their
+positions (the engine divides by the number of main targets), where w ramps linearly from 0 to ``mtp_weight``
+(default 0.1) over the first ``mtp_warmup`` optimizer steps. Inference does not change: MAP is a training-only loss.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class Pruned:
     """Result of :func:`pruned_forward`: final-normed hidden states of the kept tokens."""
 
     hidden: torch.Tensor
-    """[B, K, d] after the final norm (K = most tokens kept by a sequence)."""
+    """[B, K, d] after the final norm (K: the most tokens a sequence keeps, rounded up by :func:`width_bucket`)."""
     index: torch.Tensor
     """[B, K] original position of each kept token (sorted; padding slots hold 0)."""
     valid: torch.Tensor
@@ -121,12 +125,17 @@ def resolve(model: torch.nn.Module, stamp: StampConfig) -> StampConfig:
     return dataclasses.replace(stamp, layer=layer)
 
 
-def _mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor):
-    """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants."""
+def causal_mask(decoder: torch.nn.Module, hidden: torch.Tensor, valid: torch.Tensor, padded: bool = True):
+    """Causal + padding mask over ``hidden``'s positions, in the format the model's attention implementation wants
+    (4D: the decoder passes it through as it is). ``padded`` False (no slot is padding, known on the host): the
+    plain causal mask, which sdpa runs as its causal kernel (None)."""
     from transformers.masking_utils import create_causal_mask
 
-    # positional: the cache argument is ``past_key_values`` up to transformers 5.17 and ``cache`` from 5.24 on
-    return create_causal_mask(decoder.config, hidden, valid.long(), None)
+    # positional: the cache argument is ``past_key_values`` up to transformers 5.17 and ``cache`` from 5.24 on.
+    # Either way no "is every token real?" check, which reads the mask back from the device (a sync per build)
+    if not padded:
+        return create_causal_mask(decoder.config, hidden, None, None)
+    return create_causal_mask(decoder.config, hidden, valid.long(), None, allow_is_causal_skip=False)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -173,20 +182,45 @@ def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     return (probs * valid[:, None, :, None]).sum(dim=(1, 2))
 
 
+def keep_counts(valid: torch.Tensor, protected: torch.Tensor, keep_ratio: float) -> torch.Tensor:
+    """[B] tokens each row keeps: min(N_b, max(floor(keep_ratio * N_b), protected_b)) of its N_b valid positions."""
+    n_valid = valid.sum(dim=1)
+    n_keep = torch.floor(n_valid.double() * keep_ratio).long()
+    return torch.minimum(n_valid, torch.maximum(n_keep, (protected & valid).sum(dim=1)))
+
+
+def width_bucket(width: int, full: int) -> int:
+    """``width`` rounded up to one of a few fixed sizes (at most ``full``): a multiple of 8 below 64, else of an
+    eighth of the power of two below it (64..127 -> multiples of 8, 128..255 -> of 16, ...). Each doubling of the
+    width has at most 8 shapes, so kernels and allocator blocks are reused across batches, and padding costs at
+    most an eighth of the width."""
+    step = max(8, 1 << max(0, width.bit_length() - 4))
+    return min(full, -(-width // step) * step)
+
+
+def kept_width(attention_mask: torch.Tensor, targets: torch.Tensor | None, settings: StampConfig) -> int:
+    """The slots a batch keeps after SAP (:func:`width_bucket` of the longest row's count), from its host copy:
+    it depends on the mask and the labels only, never on the scores, so the training step knows it without
+    waiting for the device."""
+    valid = attention_mask.bool()
+    labels = targets if targets is not None else torch.full_like(attention_mask, IGNORE_INDEX)
+    protected = protected_positions(labels, valid, settings.recent_window, keep_first=True)
+    return width_bucket(int(keep_counts(valid, protected, settings.keep_ratio).max()), attention_mask.shape[1])
+
+
 def select_tokens(scores: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor,
-                  keep_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  keep_ratio: float, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices to keep per row, sorted ascending: (index [B, K], slot valid [B, K]).
 
-    Row b keeps min(N_b, max(floor(keep_ratio * N_b), protected_b)) of its N_b valid
-    positions: every protected one, then the highest scores (stable: ties go to the earlier).
+    Row b keeps :func:`keep_counts` of its valid positions: every protected one, then the highest scores (stable:
+    ties go to the earlier). K is ``width`` (from :func:`kept_width`, no device sync), else the most any row keeps
+    (read back from the device: eval's prefill).
     """
-    n_valid = valid.sum(dim=1)
     protected = protected & valid
-    n_keep = torch.floor(n_valid.double() * keep_ratio).long()
-    n_keep = torch.minimum(n_valid, torch.maximum(n_keep, protected.sum(dim=1)))
+    n_keep = keep_counts(valid, protected, keep_ratio)
     ranked = scores.float().masked_fill(protected, float("inf")).masked_fill(~valid, float("-inf"))
     order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
-    width = int(n_keep.max())
+    width = int(n_keep.max()) if width is None else width
     top = order[:, :width]
     slot_ok = torch.arange(width, device=scores.device)[None, :] < n_keep[:, None]
     big = scores.shape[1]  # sorts the unused slots last
@@ -204,20 +238,20 @@ def protected_positions(targets: torch.Tensor, valid: torch.Tensor, recent_windo
 
 
 def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int,
-                attention: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                attention: bool = True, padded: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The first ``layer`` decoder layers on every token, and SAP's raw factors from the last of them.
 
     Returns (hidden states after them [B, N, d], ||h_i||_1 [B, N], attention received [B, N] or None
     when ``attention`` is False, which skips recomputing the attention matrix). ``attention_mask``
-    is the right-padded 2D mask (positions 0..N-1). The factors carry no gradient; the hidden
-    states do (training continues from them).
+    is the right-padded 2D mask (positions 0..N-1); ``padded`` False: it has no padding (:func:`causal_mask`). The
+    factors carry no gradient; the hidden states do (training continues from them).
     """
     decoder = decoder_of(model)
     valid = attention_mask.bool()
     hidden = decoder.embed_tokens(input_ids)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
     rope = decoder.rotary_emb(hidden, position_ids=positions)
-    mask = _mask(decoder, hidden, valid)
+    mask = causal_mask(decoder, hidden, valid, padded)
     for block in decoder.layers[: layer - 1]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions, use_cache=False)
     scoring_layer = decoder.layers[layer - 1]
@@ -233,13 +267,13 @@ def sap_factors(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
 
 
 def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 layer: int, score: str = "importance") -> tuple[torch.Tensor, torch.Tensor]:
+                 layer: int, score: str = "importance", padded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden states after the first ``layer`` layers [B, N, d], each token's score [B, N] under ``score``).
 
     importance = Norm(||h||_1) x Norm(attention received), attention = Norm(attention received),
     recency = the position. Shared by SAP in training and ``eval --prune``.
     """
-    hidden, norm, received = sap_factors(model, input_ids, attention_mask, layer, attention=score != "recency")
+    hidden, norm, received = sap_factors(model, input_ids, attention_mask, layer, score != "recency", padded)
     valid = attention_mask.bool()
     if score == "recency":  # newest first
         return hidden, torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(norm).float()
@@ -249,19 +283,24 @@ def score_tokens(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def pruned_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   targets: torch.Tensor | None, settings: StampConfig) -> Pruned:
+                   targets: torch.Tensor | None, settings: StampConfig, width: int | None = None,
+                   padded: bool = True) -> Pruned:
     """Run the decoder with SAP: full length up to layer ``settings.layer``, the kept tokens after it.
 
     ``attention_mask`` is the right-padded 2D mask; ``targets`` (or None) marks positions
-    that must survive. Returns the final-normed hidden states of the kept tokens.
+    that must survive; ``width`` the kept slots (:func:`kept_width` of the host batch; None computes it here,
+    which waits for the device); ``padded`` False: ``attention_mask`` has no padding (known on the host). Returns the
+    final-normed hidden states of the kept tokens.
     """
     valid = attention_mask.bool()
     layer = settings.layer  # resolved once per run (:func:`resolve`)
-    hidden, scores = score_tokens(model, input_ids, attention_mask, layer, settings.score)
+    if width is None:
+        width = kept_width(attention_mask.cpu(), None if targets is None else targets.cpu(), settings)
+    hidden, scores = score_tokens(model, input_ids, attention_mask, layer, settings.score, padded)
     with torch.no_grad():
         keep_targets = targets if targets is not None else torch.full_like(input_ids, IGNORE_INDEX)
         protected = protected_positions(keep_targets, valid, settings.recent_window, keep_first=True)
-        index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio)
+        index, slot_ok = select_tokens(scores, valid, protected, settings.keep_ratio, width)
     return forward_kept(model, hidden, index, slot_ok, layer)
 
 
@@ -272,7 +311,7 @@ def forward_kept(model: torch.nn.Module, hidden: torch.Tensor, index: torch.Tens
     decoder = decoder_of(model)
     hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     rope = decoder.rotary_emb(hidden, position_ids=index)  # original positions
-    mask = _mask(decoder, hidden, slot_ok)
+    mask = causal_mask(decoder, hidden, slot_ok)
     for block in decoder.layers[layer:]:
         hidden = block(hidden, attention_mask=mask, position_embeddings=rope, position_ids=index, use_cache=False)
     return Pruned(decoder.norm(hidden), index, slot_ok)

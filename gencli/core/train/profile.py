@@ -310,7 +310,7 @@ def run(
             # the layer --stamp-layer 0 (auto) resolved to, as SAP ran it
             "stamp_layer": next((r["stamp_layer"] for r in results if "stamp_layer" in r), train_cfg.stamp.layer),
             **{k: getattr(train_cfg.stamp, k) for k in ("keep_ratio", "recent_window", "score", "mtp_lambda",
-                                                        "mtp_weight")},
+                                                        "mtp_weight", "mtp_warmup")},
             "sid_softmax": train_cfg.sid_softmax,
         },
         "variants": results,

@@ -43,8 +43,10 @@ def forward_backward(
     the last micro-batch.
     """
     step_loss = 0.0
+    prepare = getattr(loss_fn, "prepare", None)  # STAMP: sizes read from the host batch, so no sync on the device
     for i, batch in enumerate(micro):
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = prepare(batch) if prepare else batch
+        batch = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         if clock:
             clock("data")
         defer = i < len(micro) - 1 and hasattr(loss_fn, "no_sync")
@@ -94,6 +96,9 @@ def train_step(
     world = dist.world_size()
     if world > 1:  # the global counts: DDP averages gradients over ranks, so dividing by count / world gives the
         n_targets, n_inputs = (int(v) for v in dist.all_sum([n_targets, n_inputs]))  # single process's update
+    at_step = getattr(loss_fn, "at_step", None)  # STAMP: MAP's weight warm-up
+    if at_step:
+        at_step(optimizer_steps(optimizer))
     loss = forward_backward(model, micro, loss_fn, scaler, device, amp_dtype, max(1, n_targets) / world, clock)
     if world > 1:
         loss = dist.all_sum([loss])[0]
@@ -112,6 +117,12 @@ def train_step(
     if clock:
         clock("optimizer")
     return StepResult(loss, n_targets, n_inputs, grad_norm)
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """Updates ``optimizer`` has made: AdamW's own count, restored with its state on resume (a host tensor)."""
+    state = next(iter(optimizer.state.values()), {})
+    return int(state["step"]) if "step" in state else 0
 
 
 class _LossModule(torch.nn.Module):
@@ -135,6 +146,9 @@ class DistributedLoss:
 
         self.ddp = DistributedDataParallel(_LossModule(model, loss_fn), forward_sync_buffers=False,
                                            device_ids=[device.index] if device.type == "cuda" else None)
+        for hook in ("prepare", "at_step"):  # the wrapped loss's host-side hooks (forward_backward, train_step)
+            if hasattr(loss_fn, hook):
+                setattr(self, hook, getattr(loss_fn, hook))
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.ddp(batch)

@@ -181,8 +181,9 @@ def test_map_with_weight_zero_trains_bit_identically():
 
 @pytest.mark.parametrize("lam", [0.0, 0.3])
 def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
-    """By hand from the raw weights: positions enumerated, RMSNorm and cross-entropy written out (at lambda 0 the
-    foresight logits are the model's own logits at t, scored against the token after next)."""
+    """By hand from the raw weights: positions enumerated, the paper's fusion of the raw embedding and cross-entropy
+    written out (at lambda 0 the foresight logits are the model's own logits at t, scored against the token after
+    next)."""
     model = tiny("llama")
     ids, mask, targets = padded_batch()
     batch = {"input_ids": ids, "attention_mask": mask, "targets": targets}
@@ -190,7 +191,6 @@ def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
         got = make_loss(StampConfig(map=True, mtp_lambda=lam, mtp_weight=0.5))(model, batch)
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     final = out.hidden_states[-1]  # after the final norm: what the LM head reads
-    norm_w, eps = model.model.norm.weight, model.config.rms_norm_eps
     embed_w, head_w = model.model.embed_tokens.weight, model.lm_head.weight
 
     def nll(logits: torch.Tensor, target: int) -> float:
@@ -203,9 +203,7 @@ def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
         main += sum(nll(out.logits[row, t], int(targets[row, t])) for t in labelled)
         for t in labelled:
             if t + 1 in labelled:  # y_{t+1} = targets[t] is fused in, y_{t+2} = targets[t + 1] is predicted
-                e = embed_w[int(targets[row, t])]
-                e_normed = norm_w * e / torch.sqrt(e.pow(2).mean() + eps)
-                fused = (1 - lam) * final[row, t] + lam * e_normed
+                fused = (1 - lam) * final[row, t] + lam * embed_w[int(targets[row, t])]  # no final norm on E
                 logits = out.logits[row, t] if lam == 0 else head_w @ fused
                 aux += nll(logits, int(targets[row, t + 1]))
                 pairs.append((row, t))
