@@ -12,6 +12,7 @@ from gencli.errors import InputError
 
 TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
 """The numbers of a ``{"kind": "train"}`` line of ``metrics.jsonl``, as the training loop writes them."""
+BUDGET_REASONS = {"max_steps": "reached its step budget", "epochs": "reached its epoch budget"}  # stop_reason's words
 TRAINING_SUMMARY = ("steps", "max_steps", "epochs", "stopped_early", "stop_reason", "peak_step", "peak_recall@5",
                     "peak_ndcg@10", "start_ndcg@10", "final_recall@5", "train_loss", "tokens_per_s", "train_time_s",
                     "started_from")
@@ -116,7 +117,8 @@ def training(workdir: Path, step: str, problems: Problems) -> dict[str, Any] | N
         kept = "the start model (no update beat it)"
     else:
         kept = f"the last step ({metrics.get('steps')})"
-    reason = metrics.get("stop_reason") or ("reached its step budget" if metrics.get("steps") is not None else None)
+    reason = metrics.get("stop_reason") or ("max_steps" if metrics.get("steps") is not None else None)
+    reason = BUDGET_REASONS.get(reason, reason)
     summary = {k: metrics[k] for k in TRAINING_SUMMARY if k in metrics}
     summary.update({f"average.{k}": v for k, v in (average or {}).items() if isinstance(v, (int, float, str))})
     return {"step": step, "train": lines["train"], "valid": lines["valid"], "average": average, "kept": kept,

@@ -115,7 +115,7 @@ def test_a_bundle_with_non_finite_weights_is_refused_at_load(wd):
 @pytest.mark.parametrize(("option", "method"), [("--kl", "grpo"), ("--beta", "dpo")])
 def test_a_diverged_rl_names_the_option_far_outside_its_range_not_the_learning_rate(wd, option, method):
     r, p = run(wd, "rl", "--method", method, option, "1e300", "--max-steps", "2", "--batch-size", "4",
-               "--eval-users", "0", "--rollouts", "3", "--negatives", "2")
+               "--eval-users", "0", "--rollouts", "8", "--negatives", "2")  # 8: rollouts that hold the target
     assert r.exit_code == EXIT_FAILED and p["error"].startswith("rl diverged at iteration "), r.output
     assert f"The likely cause is {option} 1e+300, far above its usual range" in p["error"], p["error"]
     assert f"rerun with a smaller {option} and --force" in p["error"] and "--lr" not in p["error"]
