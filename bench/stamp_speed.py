@@ -30,7 +30,7 @@ from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
-from gencli.core.lm.backbone import load_model, save_model
+from gencli.core.lm.backbone import keep_first_layers, load_model, save_model
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
 from gencli.core.train import batches as train_batches
@@ -58,10 +58,7 @@ def prepare(args) -> tuple[Path, Path]:
             n = len(model.model.layers)
             if not 2 <= args.layers < n:
                 raise SystemExit(f"--layers must be in [2, {n - 1}] for this {n}-layer model")
-            model.model.layers = model.model.layers[: args.layers]
-            model.config.num_hidden_layers = args.layers
-            if getattr(model.config, "layer_types", None):
-                model.config.layer_types = model.config.layer_types[: args.layers]
+            keep_first_layers(model, args.layers)
             save_model(model, tokenizer, cut)
         model_dir = cut
     return model_dir, workdir

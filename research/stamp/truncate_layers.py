@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gencli.core.lm.backbone import load_model, save_model
+from gencli.core.lm.backbone import keep_first_layers, load_model, save_model
 
 
 def main() -> None:
@@ -35,10 +35,7 @@ def main() -> None:
     n = len(model.model.layers)
     if not 2 <= args.layers < n:
         raise SystemExit(f"--layers must be in [2, {n - 1}] for this {n}-layer model")
-    model.model.layers = model.model.layers[: args.layers]
-    model.config.num_hidden_layers = args.layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[: args.layers]
+    keep_first_layers(model, args.layers)
     save_model(model, tokenizer, args.out / "init-vocab" / "model")
     print(f"{args.out}: first {args.layers} of {n} layers, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")

@@ -121,6 +121,18 @@ def check_model_folder(path: Path) -> None:
         raise ArtifactError(f"model folder {path} has no weights ({WEIGHT_FILES[0]} is missing)", damaged=path)
 
 
+def keep_first_layers(model, layers: int) -> None:
+    """Cut a Llama/Qwen-style causal LM to its first ``layers`` decoder layers in place (the final norm and the head
+    stay): a shallower model with the same vocabulary, embedding and early layers (the smollm2-135m-6l preset)."""
+    n = len(model.model.layers)
+    if not 1 <= layers < n:
+        raise ArtifactError(f"cannot keep the first {layers} layers of a {n}-layer model: give 1..{n - 1}")
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+
+
 def special_ids(tokenizer) -> dict[str, int | None]:
     """bos/eos/pad ids of a tokenizer; pad falls back to eos when the model has none."""
     eos = tokenizer.eos_token_id

