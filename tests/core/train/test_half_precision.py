@@ -25,7 +25,7 @@ STEPS = (
 )
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])  # fp16: in CI's slow run
 def test_every_model_step_runs_in_half_precision_on_cpu(trained_small, tmp_path, dtype):
     wd = tmp_path / "work"
     shutil.copytree(trained_small / "work", wd)
