@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gencli.core.artifacts import BUNDLE_JSON
 from gencli.errors import GencliError, InputError
 from gencli.fileio import parse_json
 
@@ -20,7 +21,7 @@ def resolve_previous(spec: str) -> Path:
         raise InputError(f"--previous {spec} does not exist; on the first run leave --previous out (docs/cron.md)")
     from gencli.core.infer.bundle import read_manifest
 
-    if path.is_dir() and not (path / "gencli.json").is_file():
+    if path.is_dir() and not (path / BUNDLE_JSON).is_file():
         raise InputError(f"--previous {spec} is neither a gencli workdir (no manifest.json) nor a bundle (no "
                          "gencli.json); point it at the previous run's workdir")
     source = read_manifest(path).get("source")

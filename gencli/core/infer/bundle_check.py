@@ -18,10 +18,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gencli.core.artifacts import BUNDLE_JSON
 from gencli.errors import ArtifactError, InputError
 from gencli.fileio import parse_json
 
-BUNDLE_JSON = "gencli.json"
 CHECKSUM = "manifest_sha256"
 """gencli.json's own sha256: of its content without this field, as :func:`manifest_digest` serialises it."""
 MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\Z")  # sft@3f2a9c1d0b7e: safe in a header and a log
