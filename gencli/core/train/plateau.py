@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from gencli.core.lm.geometry import right_padded
 from gencli.core.lm.loss import decoder_of
 
 PLATEAU_MARGIN = 0.05  # a level has left the plateau below (1 - margin) x its frequency cross-entropy
@@ -26,14 +27,16 @@ LEVEL_USERS = 128  # validation users whose per-level loss is measured (a prefix
 LEVEL_BATCH = 16
 
 
-def frequency_ce(level_ids: Sequence[Sequence[int]], train_tokens: np.ndarray, target_tokens: np.ndarray) -> list[float]:
+def frequency_ce(level_ids: Sequence[Sequence[int]], item_tokens: np.ndarray, target_counts: np.ndarray,
+                 target_tokens: np.ndarray) -> list[float]:
     """Per level, the cross-entropy on ``target_tokens`` [n, D] of predicting the level's token by its frequency
-    among ``train_tokens`` [m, D] (the training targets' SID tokens), add-one smoothed over the level's tokens."""
+    among the training targets (``target_counts`` per item, :func:`gencli.core.data.tables.train_target_counts`,
+    over the items' SID tokens ``item_tokens`` [n_items, D]), add-one smoothed over the level's tokens."""
     out = []
     for level, ids in enumerate(level_ids):
         index = {int(t): i for i, t in enumerate(ids)}
         counts = np.ones(len(ids))
-        np.add.at(counts, [index[int(t)] for t in train_tokens[:, level]], 1)
+        np.add.at(counts, [index[int(t)] for t in item_tokens[:, level]], np.asarray(target_counts, dtype=np.float64))
         p = counts / counts.sum()
         out.append(float(-np.log(p[[index[int(t)] for t in target_tokens[:, level]]]).mean()))
     return out
@@ -58,12 +61,7 @@ class LevelLoss:
         for start in range(0, len(self.prompts), LEVEL_BATCH):
             rows = [p + self.targets[i].tolist() for i, p in enumerate(self.prompts[start:start + LEVEL_BATCH],
                                                                        start)]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, r in enumerate(rows):  # right padding: real positions never attend to it
-                ids[i, :len(r)] = torch.as_tensor(r)
-                mask[i, :len(r)] = 1
+            ids, mask = right_padded(rows, self.pad_id)
             hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
             ends = torch.as_tensor([len(r) for r in rows])
             for level, level_rows in enumerate(self.level_ids):

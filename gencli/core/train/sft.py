@@ -70,7 +70,7 @@ class Validation:
 
     def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
                  device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
-                 metric: str = EVAL_METRIC, train_sequences: Sequence[Sequence[int]] | None = None):
+                 metric: str = EVAL_METRIC, target_counts: np.ndarray | None = None):
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
                                    max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
                                    exclude_seen=ranker is not None)
@@ -82,11 +82,10 @@ class Validation:
         self.runs = 0
         self.best: tuple[float, Any] | None = None  # (metric, candidates) of the best validation run here
         self.level_loss, self.freq_ce = None, None
-        if train_sequences is not None:  # sft: is the model still on the frequency-only plateau? (plateau.py)
+        if target_counts is not None:  # sft: is the model still on the frequency-only plateau? (plateau.py)
             ev = self.evaluator
-            trained = np.concatenate([np.asarray(s[1:], dtype=np.int64) for s in train_sequences if len(s) > 1])
             self.level_loss = LevelLoss(ev.prompts, item_tokens[ev.targets], vocab.token_ids, vocab.pad_id)
-            self.freq_ce = frequency_ce(vocab.token_ids, item_tokens[trained], self.level_loss.targets)
+            self.freq_ce = frequency_ce(vocab.token_ids, item_tokens, target_counts, self.level_loss.targets)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
@@ -275,8 +274,9 @@ def run(
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
     ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train)
+    counts = tables.train_target_counts(train, len(item_tokens)) if ranker is None else ranker.counts
     evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker,
-                                                      train_sequences=train["sequence"].to_list())
+                                                      target_counts=counts)
     callbacks: list[Any] = [ProgressCallback(progress, "sft")]
     stopping = EarlyStopping(cfg.patience, cfg.min_evals) if cfg.patience > 0 else None
     if stopping is not None:

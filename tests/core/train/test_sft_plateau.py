@@ -111,6 +111,7 @@ def test_early_stopping_waits_for_min_evals_and_for_the_model_to_leave_the_plate
     stopped = None
     for i, off in enumerate(left, start=1):
         state.global_step, control = i * 10, Control()
+        state.evals.append({"step": state.global_step, "recall@5": 0.1})  # as the loop records it before the event
         stopping.on_evaluate(state, control, {"is_best": i == 1, "left_plateau": off})
         if control.should_stop:
             stopped = i
@@ -125,11 +126,12 @@ def test_frequency_cross_entropy_is_add_one_smoothed_per_level():
     from gencli.core.train.plateau import frequency_ce, left_plateau
 
     levels = [[10, 11], [12, 13, 14]]
-    train = np.array([[10, 12], [10, 12], [11, 13]])
+    items = np.array([[10, 12], [11, 13], [11, 14]])  # three items' SID tokens
+    counts = np.array([2, 1, 0])  # how often each is a training target
     target = np.array([[10, 14], [11, 12]])
     # level 0: counts 1+2, 1+1 -> p = 3/5, 2/5; level 1: 1+2, 1+1, 1+0 -> 3/6, 2/6, 1/6
     want = [-(np.log(3 / 5) + np.log(2 / 5)) / 2, -(np.log(1 / 6) + np.log(3 / 6)) / 2]
-    assert frequency_ce(levels, train, target) == pytest.approx(want, abs=1e-12)
+    assert frequency_ce(levels, items, counts, target) == pytest.approx(want, abs=1e-12)
     assert left_plateau([0.5, 0.01], [1.0, 0.02]) and not left_plateau([0.96, 0.01], [1.0, 0.5])
 
 
