@@ -51,10 +51,10 @@ COLD_EVAL = ["cold-eval", "--max-train-count", "1", "--beams", "20", "--k", ",".
 POLICIES = {"seen ranked": "--include-seen", "seen masked": "--exclude-seen"}
 VENV = CACHE / "venvs" / "recbole"
 # what a gencli row keeps of sft's metrics: how far training went
-SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "train_time_s", "valid_time_s",
+SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "peak_ndcg@10", "train_time_s", "valid_time_s",
             "samples", "targets", "batch_size", "valid_curve", "blend", "valid_blend")
 RL_KEYS = ("method", "steps", "epochs", "stop_reason", "start_ndcg@10", "peak_ndcg@10", "peak_step", "train_time_s",
-           "valid_time_s", "prompts", "rollout_hit_rate", "average", "blend", "valid_blend")
+           "valid_time_s", "prompts", "rollout_hit_rate", "average", "blend", "valid_blend", "kept", "guard")
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
 # Installed in this order; torch first and pinned (unpinned, pip pulls a multi-GB CUDA build).
 VENV_PINS = [["torch==2.13.0"],
@@ -63,7 +63,7 @@ VENV_PINS = [["torch==2.13.0"],
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="sample,ml100k", help="sample, ml100k, ml100k-all or ml100k-new "
+    p.add_argument("--dataset", default="sample,ml100k", help="sample, ml100k, ml100k-all, ml100k-new or beauty "
                                                                  "(comma-separated; bench/common.py)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")

@@ -22,7 +22,9 @@ CACHE = Path(os.environ.get("GENCLI_BENCH_CACHE") or REPO / "bench" / ".cache")
 SAMPLE = REPO / "sample_data"
 RECBOLE_WHEEL = "recbole==1.2.1"
 ML100K_IN_WHEEL = "recbole/dataset_example/ml-100k/"
-DATASETS = ("sample", "ml100k", "ml100k-all", "ml100k-new")  # ml100k-all: no item 5-core; ml100k-new: new items
+DATASETS = ("sample", "ml100k", "ml100k-all", "ml100k-new", "beauty")  # ml100k-all: no item 5-core; ml100k-new:
+# new items; beauty: Amazon Beauty 2014 5-core as TIGER/P5 split it, read where it lies (never copied here)
+BEAUTY = Path(os.environ.get("GENCLI_BEAUTY") or REPO.parent / "shared" / "data" / "amazon-beauty")
 NEW_ITEM_SHARE = 0.2  # ml100k-new: the share of items, by the time of their first rating, that are new
 
 
@@ -98,6 +100,12 @@ def ingest_args(dataset: str) -> list[str]:
         return ["ingest", "--format", "movielens", "--items", str(ml100k_folder()), "--item-core", "0"]
     if dataset == "ml100k-new":
         return ["ingest", "--format", "movielens", "--items", str(ml100k_new_folder()), "--item-core", "0"]
+    if dataset == "beauty":  # the papers' users and sequences as they are: no k-core, no dedup (already 5-core)
+        if not (BEAUTY / "interactions.csv").is_file():
+            raise FileNotFoundError(f"Amazon Beauty is not at {BEAUTY} (items.csv, interactions.csv); set "
+                                    "GENCLI_BEAUTY to its folder")
+        return ["ingest", "--items", str(BEAUTY / "items.csv"), "--interactions", str(BEAUTY / "interactions.csv"),
+                "--user-core", "0", "--item-core", "0", "--no-dedupe"]
     raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
 
 

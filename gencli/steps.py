@@ -118,7 +118,7 @@ REGISTRY: tuple[Step, ...] = (
          overrides=("seed",), trains_tokens=True, key_metrics=("steps", "train_loss", "tokens_per_s")),
     Step("sft", "train", "sft", "TrainConfig", "gencli.core.train.sft:run_step", _DATA, model="start_from",
          holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "sft"}, distributed=True,
-         overrides=("seed",), trains_tokens=True, retrain=("started_from", "steps"), key_metrics=("steps", "peak_step", "peak_recall@5", "blend.weight", "blend.prefix", "tokens_per_s")),
+         overrides=("seed",), trains_tokens=True, retrain=("started_from", "steps"), key_metrics=("steps", "peak_step", "peak_ndcg@10", "blend.weight", "blend.prefix", "tokens_per_s")),
     # rl refines sft's model on rollouts of the constrained search (a preference stage); only sft may start it
     Step("rl", "train", "rl", "TrainConfig", "gencli.core.train.rl:run_step", _DATA, model="start_from",
          holds_model=True, refines="sft", resumable=True, fixed={"task": "rl", "start_from": "sft"}, distributed=True,

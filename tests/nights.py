@@ -12,7 +12,7 @@ from pathlib import Path
 SMALL_STEPS = ("ingest", "embed", "quantize", "init-vocab", "sft")
 # the quick night of the small sample: 2 x 4 codes, the tiny backbone, 2 sft steps validated on 10 users
 QUICK = {"quantize": {"levels": 2, "codes": 4}, "init-vocab": {"model": "tiny"},
-         "sft": {"max-steps": 2, "batch-size": 8, "eval-users": 10, "eval-beams": 5}}
+         "sft": {"max-steps": 2, "batch-size": 8, "eval-users": 10, "eval-beams": 10}}
 
 
 def ingest(data: str | Path = "data", **options) -> dict:

@@ -99,7 +99,8 @@ class StampConfig:
 VALIDATED = ("sft", "rl")  # the training steps that validate and stop early
 SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; patience normally stops it earlier
 EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
-EVAL_USERS = 500  # sft validation users: all up to this, a seeded subsample above
+EVAL_USERS = 2000  # validation users: all up to this, above it a subsample fixed whatever the seed; on 500 users
+# the standard error of a validation Recall@5 of 0.18 is 9% of it, more than checkpoints differ (research/seeds/NOTES.md)
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
 MIN_EVALS = 4  # sft validations before patience may stop it (with the plateau rule, core/train/plateau.py)
 DROPOUT = 0.0  # sft's: 0.1 was level on the sample and lost 6-18% of the model's validation recall on ML-100k
@@ -112,7 +113,9 @@ MIN_EPOCH_STEPS = 128  # ... so that an epoch has at least this many optimizer s
 SFT_MAX_HISTORY = 50  # history items per sft sample; also the prompt length of a model no sft run recorded one for
 LR = 1e-3  # cpt's and sft's peak learning rate with --lr 0 (auto)
 RL_LR = 1e-4  # rl's: it moves a trained model, with a loss whose gradients do not shrink as cpt's and sft's do
-RL_EPOCHS = 1.0  # rl's epoch cap with --epochs 0 (auto): one pass over the latest 4 targets of every user
+RL_EPOCHS = 1.0  # rl's epoch cap with --epochs 0 (auto): one pass over its prompts
+RL_TARGETS = 2  # rl prompts per user, its latest training targets: 2 keeps rl within half of sft's time on the sample
+RL_MAX_PROMPTS = 16384  # rl prompts at most: about half of sft's time on Beauty's 22k users (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,11 @@ class TrainConfig:
     eval_every: int = option(0, "Validate every N steps (0 = --evals-per-epoch).", steps=VALIDATED)
     evals_per_epoch: int = option(EVALS_PER_EPOCH, "With --eval-every 0: validations per epoch, evenly spaced "
                                                    "(0 = at the end only).", steps=VALIDATED)
-    eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, a seeded subsample of N above "
-                                         "(0 = all).", steps=VALIDATED)
-    eval_beams: int = option(10, "Beam width of the validation search (sft >= 5, rl >= 10).", steps=VALIDATED)
-    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft: Recall@5, rl: "
-                                     "NDCG@10 of the served ranking; 0 = off).", steps=VALIDATED)
+    eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, above that a subsample of N "
+                                         "that is the same for every --seed (0 = all).", steps=VALIDATED)
+    eval_beams: int = option(10, "Beam width of the validation search (>= 10: NDCG@10).", steps=VALIDATED)
+    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft and rl: NDCG@10 "
+                                     "of the served ranking; 0 = off).", steps=VALIDATED)
     min_evals: int = option(MIN_EVALS, "Validations before --patience may stop training; it also waits while the "
                                        "model's per-level validation loss is still at what the SID codes' "
                                        "frequencies alone give (the plateau).", steps=("sft",))
@@ -171,8 +174,10 @@ class TrainConfig:
     kl: float = option(0.04, "rl grpo: weight of the KL divergence from the sft model.", steps=("rl",))
     negatives: int = option(4, "rl dpo: wrong items per prompt, the highest-ranked of the rollouts.", steps=("rl",))
     beta: float = option(1.0, "rl dpo: the preference temperature.", steps=("rl",))
-    rl_targets: int = option(4, "rl: prompts per user, its latest training targets (0 = all).", steps=("rl",),
-                             option="--targets-per-user")
+    rl_targets: int = option(RL_TARGETS, "rl: prompts per user, its latest training targets (0 = all).",
+                             steps=("rl",), option="--targets-per-user")
+    max_prompts: int = option(RL_MAX_PROMPTS, "rl: prompts at most, a subsample seeded by --seed above that (0 = all): "
+                                              "bounds rl's time on large logs.", steps=("rl",))
     rollout_seen: bool = option(False, "rl: let rollouts rank the prompt's history items too (eval's seen-items-ranked "
                                        "protocol), so the loss can also push seen items down; off: masked, as "
                                        "recommend serves.", steps=("rl",), option="--rollout-seen/--rollout-unseen")
@@ -206,15 +211,15 @@ class TrainConfig:
         c.positive("eval-every", self.eval_every, allow_zero=True)
         c.positive("evals-per-epoch", self.evals_per_epoch, allow_zero=True)
         c.positive("eval-users", self.eval_users, allow_zero=True)
-        low, metric = (10, "NDCG@10") if self.task == "rl" else (5, "Recall@5")
-        c.require(low <= self.eval_beams <= MAX_BEAMS,
-                  f"--eval-beams must be in [{low}, {MAX_BEAMS}] for validation {metric} (got {self.eval_beams})")
+        c.require(10 <= self.eval_beams <= MAX_BEAMS,
+                  f"--eval-beams must be in [10, {MAX_BEAMS}] for validation NDCG@10 (got {self.eval_beams})")
         c.require(2 <= self.rollouts <= MAX_BEAMS, f"--rollouts must be in [2, {MAX_BEAMS}] (got {self.rollouts})")
         c.require(1 <= self.negatives < self.rollouts,
                   f"--negatives must be in [1, --rollouts) (got {self.negatives}, rollouts {self.rollouts})")
         c.positive("beta", self.beta)
         c.positive("kl", self.kl, allow_zero=True)
         c.positive("targets-per-user", self.rl_targets, allow_zero=True)
+        c.positive("max-prompts", self.max_prompts, allow_zero=True)
         c.positive("patience", self.patience, allow_zero=True)
         c.positive("min-evals", self.min_evals, allow_zero=True)
         c.positive("max-time", self.max_time, allow_zero=True)

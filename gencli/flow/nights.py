@@ -12,7 +12,7 @@ from gencli.errors import InputError
 from gencli.flow.report import Problems
 
 NIGHT_METRICS = ("promotion.recall@10", "eval.served.recall@10", "eval.served.ndcg@10", "cold-eval.served.recall@10",
-                 "sft.peak_recall@5", "rl.peak_ndcg@10")
+                 "sft.peak_ndcg@10", "rl.peak_ndcg@10")
 """What a night is judged by, higher is better: the promotion's validation Recall@10 on the same users for both
 bundles, then each step's headline (``step.metric``, read from the manifest); a night shows those it has."""
 MAX_CHAIN = 60

@@ -15,7 +15,7 @@ from bench_runner import run_bench
 def test_baselines_runs_popularity_and_one_gencli_variant(embedded_workdir, tmp_path):
     shutil.copytree(embedded_workdir, tmp_path / "baselines" / "sample" / "shared")  # ingest + embed up to date
     args = ["bench/baselines.py", "--dataset", "sample", "--seeds", "0", "--inits", "centroid", "--skip-sasrec",
-            "--sft", "max-steps=2,batch-size=8,max-history=5,eval-users=10,eval-beams=5", "--eval", "max-users=20",
+            "--sft", "max-steps=2,batch-size=8,max-history=5,eval-users=10,eval-beams=10", "--eval", "max-users=20",
             "--with-rl", "--rl", "max-steps=2,batch-size=4,eval-users=10,rollouts=4,negatives=2"]
     proc = run_bench(*args, env={"GENCLI_BENCH_CACHE": str(tmp_path)})
     results = json.loads((tmp_path / "baselines" / "results.json").read_text())["runs"]

@@ -65,7 +65,7 @@ def tiny_workdir(embedded_workdir, tmp_path_factory) -> Path:
     shutil.copytree(embedded_workdir, wd)
     for args in (["quantize", "--levels", "2", "--codes", "16"], ["init-vocab", "--model", "tiny"],
                  ["sft", "--max-steps", "2", "--batch-size", "8", "--max-history", "5", "--eval-users", "10",
-                  "--eval-beams", "5"]):
+                  "--eval-beams", "10"]):
         result = CliRunner().invoke(cli, [*args, "--workdir", str(wd), "--json"])
         assert result.exit_code == 0, result.output
     return wd
@@ -110,7 +110,7 @@ def test_stamp_recall_then_paired_recall(tiny_workdir, tmp_path):
     out = tmp_path / "recall.json"
     run_bench("bench/stamp.py", "recall", "--workdir", str(tiny_workdir), "--variants", "base,stamp",
               "--max-steps", "2", "--batch-size", "4", "--max-history", "5", "--eval-users", "10",
-              "--eval-beams", "5", "--keep-models", "--prune-eval", "--out", str(out))
+              "--eval-beams", "10", "--keep-models", "--prune-eval", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["variant"], r["seed"]) for r in rows] == [("base", 0), ("stamp", 0)]
     assert rows[1]["recall@5_pruned_eval"] is not None and rows[0]["recall@5_pruned_eval"] is None

@@ -11,7 +11,7 @@ from nights import ingest, night, pipeline_toml
 
 PIPELINE = pipeline_toml(["ingest", "embed", "quantize", "init-vocab", "sft", "eval", "recommend"], {
     "ingest": ingest(), "quantize": {"levels": 2, "codes": 8}, "init-vocab": {"model": "tiny"},
-    "sft": {"max-steps": 30, "save-every": 5, "batch-size": 16, "eval-every": 10, "eval-users": 20, "eval-beams": 5},
+    "sft": {"max-steps": 30, "save-every": 5, "batch-size": 16, "eval-every": 10, "eval-users": 20, "eval-beams": 10},
     "eval": {"k": "5,10"}, "recommend": {"k": 5}})
 
 

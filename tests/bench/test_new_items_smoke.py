@@ -10,7 +10,7 @@ from nights import night, pipeline_toml
 
 PIPELINE = pipeline_toml(["ingest", "embed", "quantize", "init-vocab", "sft"], {
     "ingest": {"items": "unused.csv", "interactions": "unused.csv"}, "quantize": {"levels": 2, "codes": 8},
-    "init-vocab": {"model": "tiny"}, "sft": {"max-steps": 6, "batch-size": 16, "eval-users": 20, "eval-beams": 5}},
+    "init-vocab": {"model": "tiny"}, "sft": {"max-steps": 6, "batch-size": 16, "eval-users": 20, "eval-beams": 10}},
     top={"promote-users": 50})
 
 

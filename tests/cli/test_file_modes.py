@@ -70,7 +70,7 @@ def test_every_artifact_follows_the_umask_and_another_account_serves_the_bundle(
     work, bundle = shared_root / "work", shared_root / "bundle"
     for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "4"],
                  ["init-vocab", "--model", "tiny"],
-                 ["sft", "--max-steps", "2", "--batch-size", "8", "--eval-users", "10", "--eval-beams", "5"],
+                 ["sft", "--max-steps", "2", "--batch-size", "8", "--eval-users", "10", "--eval-beams", "10"],
                  ["eval", "--max-users", "5", "--beams", "5", "--k", "5"], ["recommend", "--k", "3"]):
         result = CliRunner().invoke(cli, [*args, "--workdir", str(work), "--json"])
         assert result.exit_code == 0, result.output

@@ -23,7 +23,7 @@ STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "rl", "e
 TABLES = {
     "quantize": {"levels": 3, "codes": 16}, "init-vocab": {"model": "tiny", "init": "centroid"},
     "cpt": {"max-steps": 6, "batch-size": 16},
-    "sft": {"max-steps": 12, "batch-size": 16, "eval-every": 6, "eval-users": 20, "eval-beams": 5, "max-history": 5},
+    "sft": {"max-steps": 12, "batch-size": 16, "eval-every": 6, "eval-users": 20, "eval-beams": 10, "max-history": 5},
     "rl": {"max-steps": 4, "batch-size": 8, "eval-every": 2, "eval-users": 20, "rollouts": 4, "negatives": 2},
     "eval": {"beams": 5, "k": "1,5", "max-users": 40},
     "cold-eval": {"max-train-count": 1, "beams": 5, "k": "1,5", "max-history": 5},
@@ -122,7 +122,7 @@ def test_top_level_keys_of_the_wrong_type_are_exit_2_before_any_step(tmp_path, l
 
 def _sft_args(wd: Path) -> list[str]:
     return ["sft", "--workdir", str(wd), "--json", "--max-steps", "16", "--save-every", "2", "--batch-size", "16",
-            "--eval-every", "8", "--eval-users", "20", "--eval-beams", "5", "--max-history", "5", "--device", "cpu"]
+            "--eval-every", "8", "--eval-users", "20", "--eval-beams", "10", "--max-history", "5", "--device", "cpu"]
 
 
 def _rl_args(wd: Path) -> list[str]:

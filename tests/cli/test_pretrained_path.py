@@ -17,7 +17,7 @@ def test_smollm2_cpu_preset_trains_and_evaluates(small_embedded, smollm2_home, t
     shutil.copytree(small_embedded, wd)
     steps = (["quantize", "--levels", "2", "--codes", "4"],
              ["init-vocab", "--model", "smollm2-135m-6l"],
-             ["sft", "--max-steps", "2", "--eval-users", "5", "--eval-beams", "5", "--batch-size", "4"],
+             ["sft", "--max-steps", "2", "--eval-users", "5", "--eval-beams", "10", "--batch-size", "4"],
              ["eval", "--beams", "5", "--k", "5", "--max-users", "5"])
     payloads = {}
     for args in steps:

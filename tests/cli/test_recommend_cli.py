@@ -42,7 +42,7 @@ def trained(small_sample, tmp_path_factory):
     for args in (small_sample.ingest_args(), ["embed"], ["quantize", "--levels", "2", "--codes", "8"],
                  ["init-vocab", "--model", "tiny"],
                  ["sft", "--max-steps", "8", "--batch-size", "16", "--max-history", "5", "--eval-users", "10",
-                  "--eval-beams", "5"],
+                  "--eval-beams", "10"],
                  ["eval", "--beams", "20", "--k", "10", "--max-users", "8"]):
         result = _run(wd, *args, "--json")
         assert result.exit_code == 0, result.output

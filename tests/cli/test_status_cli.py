@@ -16,7 +16,7 @@ STEPS_RUN = ["ingest", "embed", "quantize", "init-vocab", "cpt", "sft", "eval", 
 
 TABLES = {
     "quantize": {"codes": 8}, "cpt": {"max-steps": 2, "batch-size": 8},
-    "sft": {"max-steps": 2, "batch-size": 8, "eval-users": 10, "eval-beams": 5, "max-history": 4},
+    "sft": {"max-steps": 2, "batch-size": 8, "eval-users": 10, "eval-beams": 10, "max-history": 4},
     "eval": {"beams": 10, "k": "5,10", "max-users": 10}, "cold-eval": {"beams": 10, "k": "5,10", "max-users": 10},
     "profile": {"variants": "base", "steps": 1, "warmup-steps": 0},
 }
@@ -61,7 +61,7 @@ def test_status_key_metrics_come_from_the_step_record(workdir):
         CliRunner().invoke(cli, ["status", "--workdir", str(workdir), "--json"]).stdout)["steps"]}
     sft = json.loads((workdir / "sft" / "step.json").read_text())["metrics"]
     cpt = json.loads((workdir / "cpt" / "step.json").read_text())["metrics"]
-    assert rows["sft"]["key_metrics"]["peak_recall@5"] == sft["peak_recall@5"]
+    assert rows["sft"]["key_metrics"]["peak_ndcg@10"] == sft["peak_ndcg@10"]
     assert rows["sft"]["key_metrics"]["steps"] == sft["steps"] == 2
     assert rows["cpt"]["key_metrics"]["train_loss"] == cpt["train_loss"] > 0
 

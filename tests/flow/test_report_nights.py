@@ -49,10 +49,10 @@ def test_the_trail_names_every_night_its_decision_and_the_drop_is_flagged(season
     assert one["metrics"]["promotion.recall@10"] == first["new"]["recall@10"]
     assert two["metrics"]["promotion.recall@10"] == second["new"]["recall@10"]
     manifest = json.loads((root / "night1" / "manifest.json").read_text())["steps"]
-    assert one["metrics"]["sft.peak_recall@5"] == manifest["sft"]["metrics"]["peak_recall@5"]
-    assert "sft.peak_recall@5" not in two["metrics"]  # night 2 trained no sft
+    assert one["metrics"]["sft.peak_ndcg@10"] == manifest["sft"]["metrics"]["peak_ndcg@10"]
+    assert "sft.peak_ndcg@10" not in two["metrics"]  # night 2 trained no sft
     assert list(two["flags"]) == ["promotion.recall@10"] and "below" in two["flags"]["promotion.recall@10"]
-    assert one["flags"] == {} and view["metrics"][:2] == ["promotion.recall@10", "sft.peak_recall@5"]
+    assert one["flags"] == {} and view["metrics"][:2] == ["promotion.recall@10", "sft.peak_ndcg@10"]
     page = render_nights(view)
     assert second["reason"].split(";")[0] in page.replace("&lt;", "<").replace("&gt;", ">")
     assert page.count("<img") == 1 and "night2" in page

@@ -3,7 +3,8 @@ blends of their own for history-length buckets (:func:`fit_by_history`).
 
 :func:`fit_blend` maximises Recall@10 + NDCG@10 (ties: the larger model share, then the smaller prefix share, the
 temperature nearer 0.2, the smaller boost); with enough cold validation users it gives them the choice among the
-points within COLD_TOLERANCE of that optimum.
+points within COLD_TOLERANCE of that optimum. A ``cold_floor`` (what the cold users had from the model a later
+stage started from) restricts the fit to the points that keep them there, when any does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ BUCKET_STEP = 0.2  # a bucket's grid of shares (its boosts: none and the shared 
 
 
 def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1,
-              cold: np.ndarray | None = None, boosts: Sequence[float] | None = None) -> tuple[Blend, list[dict]]:
+              cold: np.ndarray | None = None, boosts: Sequence[float] | None = None,
+              cold_floor: float | None = None) -> tuple[Blend, list[dict]]:
     """The blend with the best Recall@k + NDCG@k on these (validation) users over model and prefix shares on a
     grid of ``step`` (0.1: WEIGHTS), the temperatures the candidates hold and the ``boosts`` of the text parts for
     rarely seen items (default COLD_BOOSTS when the candidates know the counts); every point tried is returned.
@@ -32,7 +34,11 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     ``cold`` (bool per user: the target was a training target at most COLD_MAX_COUNT times), with at least
     MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
     (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
-    gives them whatever suits the rest; this trades a bounded share of the overall score for them."""
+    gives them whatever suits the rest; this trades a bounded share of the overall score for them.
+
+    ``cold_floor`` (their Recall@k + NDCG@k under the blend of the model a later stage started from, on the same
+    users): only the points at or above it compete, so a stage such as rl never buys its overall gain with them; when
+    no point reaches it, the point best for the cold users is returned (the caller then compares the stages)."""
     targets = np.asarray(targets)
     grid = WEIGHTS if step == 0.1 else tuple(round(i * step, 4) for i in range(int(round(1 / step)) + 1))
     if boosts is None:
@@ -60,6 +66,9 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
                     points.append((key, blend, cold_score))
     if not points:
         raise ValueError("fit_blend: no blend to try")
+    if use_cold and cold_floor is not None:
+        kept = [p for p in points if p[2] >= round(cold_floor, 12)]
+        points = kept or [max(points, key=lambda p: (p[2], p[0]))]
     best = max(points, key=lambda p: p[0])
     if use_cold:
         floor = best[0][0] * (1 - COLD_TOLERANCE)

@@ -179,6 +179,22 @@ class MetricsLog:
         self._file.close()
 
 
+def validation_value(path: Path, step: int | None, key: str) -> float | None:
+    """``key`` of the last validation record at ``step`` in metrics.jsonl ``path`` (None when there is none): a
+    metric beside the one that picked the checkpoint, e.g. the best NDCG@10 checkpoint's Recall@5."""
+    if step is None or not path.is_file():
+        return None
+    found = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if rec.get("kind") == "valid" and rec.get("step") == step and key in rec:
+            found = rec[key]
+    return found
+
+
 def _step_of(line: str) -> float:
     """Step of a metrics line; a line cut short by a kill counts as past any checkpoint."""
     try:

@@ -7,12 +7,17 @@ engine is sft's: :func:`gencli.core.train.loop.fit` (schedule, clipping, checkpo
 and sft's validation (:class:`gencli.core.train.sft.Validation`, the served ranking: seen items masked, the blend
 of model and content fitted on the valid users). The start model is validated before the first update, and the
 checkpoint with the best validation NDCG@10 becomes ``model/``: when no update beats sft, rl's model is sft's. The
-blend is then fitted again to that model (``blend.json``), as sft does.
+blend is then fitted again to that model (``blend.json``), as sft does, but only among the blends that keep the cold
+validation users (targets seen at most once in training) at least where sft's blend had them; when rl's model with
+such a blend does not beat sft's served validation score, sft's model and blend become rl's (:func:`keep_better`):
+rl never trades the cold cohort, nor the overall list, for its gain.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,12 @@ import torch
 from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device
+from gencli.core.infer.blend import FIT_K
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
 from gencli.core.progress import SILENT, Progress
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
+from gencli.core.train.checkpoints import save_atomic
 from gencli.core.train.loop import fit
 from gencli.core.train.preference import PreferenceLoss
 from gencli.core.train.samples import PromptExamples
@@ -38,17 +45,20 @@ EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item high
 
 def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
         valid: pl.DataFrame | None, embeddings: np.ndarray, out_dir: Path, progress: Progress = SILENT,
-        resume: bool = False, events: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+        resume: bool = False, events: tuple[np.ndarray, np.ndarray] | None = None,
+        start_dir: Path | None = None) -> dict[str, Any]:
     """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
     ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``cfg.max_history`` is the prompt
-    length sft trained with. Returns the summary metrics."""
+    length sft trained with; ``start_dir`` the folder of the step that wrote ``model_dir`` (its ``blend.json`` is
+    the bar rl must clear). Returns the summary metrics."""
     out_dir = Path(out_dir)
     if valid is None or valid.height == 0:
         raise InputError("rl picks its checkpoint on the valid split, and ingest wrote none; ingest with a split "
                          "that keeps a validation target per user (the default --split loo)")
     vocab, item_tokens = load_sids(vocab_path, item_codes, train, valid)
     ranker = content_ranker(embeddings, item_tokens, train)
-    dataset = PromptExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.rl_targets)
+    dataset = PromptExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.rl_targets,
+                             cfg.max_prompts, cfg.seed)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so rl has no prompt; "
                          "ingest with a larger --min-user-events or check the interactions file")
@@ -71,8 +81,16 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
     (out_dir / artifacts.SID_VOCAB).write_bytes(Path(vocab_path).read_bytes())  # sft's, softmax included
     curve = summary.pop("evals")
     best = summary[f"best_{EVAL_METRIC}"]
-    blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events)
-    write_ranking(out_dir, blends, stats)
+    start_blend = read_blend(start_dir)
+    floors = cold_floors(start_blend, evaluate)
+    blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events,
+                                         cold_floors=floors or None)
+    guard = keep_better(blends, start_blend, floors, summary["best_step"])
+    if guard["kept"] == "sft":
+        copy_start(start_dir, out_dir)
+        blends = start_blend
+    else:
+        write_ranking(out_dir, blends, stats)
     start = curve[0][EVAL_METRIC] if curve and curve[0]["step"] == 0 else None
     stats = loss.stats
     return {
@@ -84,6 +102,8 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
         "start_ndcg@10": start,  # sft's model, validated before the first update
         "peak_ndcg@10": best,
         "peak_step": summary["best_step"],  # 0: no update beat the start model, which stays rl's model
+        "kept": guard["kept"],  # "sft": rl's model, with a blend that keeps the cold users, did not beat sft's
+        "guard": guard,
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
         # over the rollouts of this process (since a resume: of this attempt only)
         "rollout_hit_rate": stats["target_in_rollouts"] / stats["prompts"] if stats["prompts"] else None,
@@ -101,5 +121,63 @@ def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILEN
     codes, _ = inputs.codes()
     cfg = dataclasses.replace(cfg, max_history=inputs.trained_history())
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"),
-                  inputs.embeddings(), out_dir, progress, resume=inputs.resume, events=prior_events(inputs))
+                  inputs.embeddings(), out_dir, progress, resume=inputs.resume, events=prior_events(inputs),
+                  start_dir=inputs.dir(inputs.model_step))
     return {"started_from": inputs.model_step, **metrics}
+
+
+def read_blend(step_dir: Path | None) -> dict[str, Any] | None:
+    """The ``blend.json`` record of a model step's folder, or None (no folder, or a step without a content blend)."""
+    path = None if step_dir is None else Path(step_dir) / artifacts.BLEND
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def objective(scores: dict[str, Any], prefix: str = "") -> float:
+    """Recall@FIT_K + NDCG@FIT_K of a validation score block (``prefix`` "cold_": its cold users'), as fit_blend
+    rounds it."""
+    return round(scores[f"{prefix}recall@{FIT_K}"] + scores[f"{prefix}ndcg@{FIT_K}"], 12)
+
+
+def cold_floors(start: dict[str, Any] | None, evaluate: Validation) -> dict[str, float]:
+    """Per seen-item policy, the cold validation users' score under the start model's blend: the floor rl's blend
+    must keep. Empty when the start's fit had no cold score or judged other users (its --eval-users differ)."""
+    if start is None or start["fit"].get("users") != len(evaluate.evaluator.targets):
+        return {}
+    out = {}
+    for policy, key in (("exclude_seen", "valid"), ("include_seen", "valid_include_seen")):
+        scores = start["fit"].get(key, {}).get("blend", {})
+        if f"cold_ndcg@{FIT_K}" in scores:
+            out[policy] = objective(scores, "cold_")
+    return out
+
+
+def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: dict[str, float],
+                peak_step: int | None) -> dict[str, Any]:
+    """Whether rl's model and blend beat the start's on the served validation (seen items masked; the same users):
+    Recall@FIT_K + NDCG@FIT_K of the blend, and the cold users' score at least the floor. A model equal to the start
+    (no update won, ``peak_step`` 0) is kept as rl's, blend refitted; so is everything when there is no comparable
+    start record."""
+    ours = blends["fit"]["valid"]["blend"]
+    record: dict[str, Any] = {"kept": "rl", "rl_valid": objective(ours)}
+    if start is None or start["fit"].get("users") != blends["fit"]["users"]:
+        return {**record, "compared": False}
+    theirs = start["fit"]["valid"]["blend"]
+    record.update(compared=True, start_valid=objective(theirs), cold_floors=floors)
+    cold_kept = all(objective(scores, "cold_") >= floor for policy, floor in floors.items()
+                    for scores in [blends["fit"]["valid" if policy == "exclude_seen" else "valid_include_seen"]
+                                   ["blend"]])
+    record["cold_kept"] = cold_kept
+    if peak_step and (record["rl_valid"] < record["start_valid"] or not cold_kept):
+        record["kept"] = "sft"
+    return record
+
+
+def copy_start(start_dir: Path, out_dir: Path) -> None:
+    """Make the start step's model, blend and prior rl's outputs (rl did not beat it)."""
+    save_atomic(out_dir / artifacts.MODEL_DIR,
+                lambda tmp: shutil.copytree(Path(start_dir) / artifacts.MODEL_DIR, tmp, dirs_exist_ok=True))
+    for name in (artifacts.BLEND, artifacts.ITEM_PRIOR):
+        shutil.copyfile(Path(start_dir) / name, out_dir / f".{name}.tmp")
+        (out_dir / f".{name}.tmp").replace(out_dir / name)

@@ -114,17 +114,20 @@ class SftExamples:
 
 class PromptExamples:
     """rl's examples: one per training target among each user's latest ``per_user`` ones (0 = all), its history the
-    items before it. ``example(i)`` is the sft prefix sample (prompt + target SID, for batching and token counts);
+    items before it; at most ``max_prompts`` of them (0 = all), a subsample seeded by ``seed``, in log order. ``example(i)`` is the sft prefix sample (prompt + target SID, for batching and token counts);
     :mod:`gencli.core.train.preference` reads :meth:`prompt`, :meth:`target` and :meth:`history` (the items a rollout
     must not recommend: the whole history before the target, as recommend masks it)."""
 
     def __init__(self, sequences: pl.Series, item_tokens: np.ndarray, vocab: SidVocab, max_history: int,
-                 per_user: int):
+                 per_user: int, max_prompts: int = 0, seed: int = 0):
         lengths = sequences.list.len().fill_null(0).to_numpy().astype(np.int64)
         self.flat = sequences.explode().drop_nulls().to_numpy().astype(np.int64)
         self.offsets = np.cumsum(lengths) - lengths
         self.item_tokens, self.bos_id, self.max_history = item_tokens, vocab.bos_id, max_history
         self.rows, self.positions = prefix_positions(lengths, per_user)
+        if 0 < max_prompts < len(self.rows):
+            keep = np.sort(np.random.default_rng(seed).choice(len(self.rows), max_prompts, replace=False))
+            self.rows, self.positions = self.rows[keep], self.positions[keep]
         bos = 0 if vocab.bos_id is None else 1
         self._lengths = bos + (np.minimum(self.positions, max_history) + 1) * item_tokens.shape[1]
 

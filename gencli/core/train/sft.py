@@ -1,4 +1,4 @@
-"""sft: next-item training on SID prompts, with validation Recall@5 and early stopping.
+"""sft: next-item training on SID prompts, with validation NDCG@10 and early stopping.
 
 Every parameter trains. Every item of a user's training sequence after the first
 is a target, predicted from the items before it (the last ``cfg.max_history``);
@@ -9,10 +9,10 @@ With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
 constrained decoder never considers anything else, while the head matmul shrinks
 from the whole base vocabulary to the SID rows.
 
-Validation: the valid split's users (a seeded subsample of ``cfg.eval_users`` when
-there are more) are decoded with the constrained beam search (``cfg.eval_beams``
+Validation: the valid split's users (every one up to ``cfg.eval_users``, above that a subsample fixed by
+VALID_SEED, the same whatever the training seed) are decoded with the constrained beam search (``cfg.eval_beams``
 beams) every ``cfg.eval_every`` steps, or ``cfg.evals_per_epoch`` times per epoch,
-and at the end; the best Recall@5 is kept in ``best/`` and becomes ``model/``. By
+and at the end; the best NDCG@10 of the served ranking is kept in ``best/`` and becomes ``model/``. By
 default sft trains to the plateau: a high epoch cap (``cfg.epoch_budget``) that
 early stopping (``cfg.patience`` validations without a new best) ends first.
 """
@@ -51,19 +51,21 @@ from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
+from gencli.core.train.checkpoints import validation_value
 from gencli.core.train.loop import fit
 from gencli.core.train.plateau import PLATEAU_MARGIN, LevelLoss, frequency_ce, left_plateau
 from gencli.core.train.samples import SftExamples
 from gencli.core.train.step import lr_factor, make_loss
 from gencli.errors import InputError
 
-EVAL_METRIC = "recall@5"
+EVAL_METRIC = "ndcg@10"  # it weighs every rank of the top 10, where Recall@5 counts hits in 5: less noise per user
+VALID_SEED = 0  # the validation subsample's seed: one fixed set, so seeds differ in training, not in what judges it
 VALID_FIT_STEP = 0.25  # the blend grid of each validation (the final fit, after training, uses 0.1)
 
 
 class Validation:
-    """sft's validation: Recall@5 (and @10, @20 when the beam allows) of the valid users (a seeded subsample of
-    ``cfg.eval_users`` above that many), decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as
+    """sft's validation: NDCG@10 and Recall@5/10 (@20 when the beam allows) of the valid users (a subsample of
+    ``cfg.eval_users`` fixed by VALID_SEED above that many), decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as
     ``gencli eval``. With a ``ranker`` it scores what is served: seen items masked, ranked by the blend of model and
     content fitted on these users (a coarse grid, VALID_FIT_STEP); the model alone is reported beside it, and the
     best validation's candidates are kept for the final fit (:meth:`final_blend`)."""
@@ -72,7 +74,7 @@ class Validation:
                  device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
                  metric: str = EVAL_METRIC, target_counts: np.ndarray | None = None):
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
-                                   max_users=cfg.eval_users, seed=cfg.seed, name="valid split", ranker=ranker,
+                                   max_users=cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=ranker,
                                    exclude_seen=ranker is not None)
         self.valid, self.item_tokens, self.vocab = valid, item_tokens, vocab
         # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
@@ -107,11 +109,13 @@ class Validation:
         return out
 
     def final_blend(self, model_dir: Path, evals: int, best: float | None,
-                    events: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+                    events: tuple[np.ndarray, np.ndarray] | None = None,
+                    cold_floors: dict[str, float] | None = None) -> tuple[dict[str, Any], np.ndarray]:
         """(blend.json, item_prior.npy) of the best model: for each seen-item policy the blend fitted on the 0.1 grid
         to that policy's validation candidates (the masked ones of the best validation when this process ran every
         one, else decoded again from ``model_dir``: a resumed run; the ranked ones decoded once more), with the cold
-        users' say (:func:`fit_blend`); and the no-history prior fitted on every validation user (``events``: the
+        users' say (:func:`fit_blend`; ``cold_floors``: per policy, the cold users' score a blend must keep); and
+        the no-history prior fitted on every validation user (``events``: the
         training targets' items and times, :func:`gencli.core.data.tables.train_target_times`)."""
         ev = self.evaluator
         # under torchrun only rank 0 wrote the model (fit returns there after writing it): every rank decodes it
@@ -125,13 +129,13 @@ class Validation:
         if model is None:
             model, _ = load_model(model_dir, self.device, torch.float32)
         ranked = Evaluator(self.valid, self.item_tokens, self.vocab.bos_id, max_history=self.cfg.max_history,
-                           max_users=self.cfg.eval_users, seed=self.cfg.seed, name="valid split", ranker=self.ranker)
+                           max_users=self.cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=self.ranker)
         cands["include_seen"] = self._candidates(ranked, model)
         counts = self.ranker.counts
         cold = None if counts is None else counts[ev.targets] <= COLD_MAX_COUNT
         blends, scores, grids, by_history, buckets = {}, {}, {}, {}, {}
         for policy, c in cands.items():
-            blend, grids[policy] = fit_blend(c, ev.targets, cold=cold)
+            blend, grids[policy] = fit_blend(c, ev.targets, cold=cold, cold_floor=(cold_floors or {}).get(policy))
             blends[policy] = blend.to_dict()
             scores[policy] = _scores(c, blend, ev.targets, cold)
             own, buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blend)
@@ -143,7 +147,7 @@ class Validation:
                     else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
                     "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
                     "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
-                    "history_buckets": buckets,
+                    "history_buckets": buckets, **({"cold_floors": cold_floors} if cold_floors else {}),
                     "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"]}}
         stats = np.zeros((2, len(self.item_tokens)), dtype=np.float64)
         if counts is not None:
@@ -169,6 +173,7 @@ def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str,
         out[part] = {f"recall@{FIT_K}": recall_at_k(ranks, FIT_K), f"ndcg@{FIT_K}": ndcg_at_k(ranks, FIT_K)}
         if cold is not None and cold.any():
             out[part][f"cold_recall@{FIT_K}"] = recall_at_k(ranks[cold], FIT_K)
+            out[part][f"cold_ndcg@{FIT_K}"] = ndcg_at_k(ranks[cold], FIT_K)
     return out
 
 
@@ -306,6 +311,7 @@ def run(
                                              events)
         fit_seconds = round(time.perf_counter() - started, 3)  # in the metrics, not the file: reruns write equal bytes
         write_ranking(out_dir, blends, stats)
+    log = out_dir / artifacts.METRICS_JSONL
     warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
         **({"warnings": warnings} if warnings else {}),
@@ -321,8 +327,11 @@ def run(
         **({"plateau": {"frequency_ce": evaluate.freq_ce, "margin": PLATEAU_MARGIN, "min_evals": cfg.min_evals,
                         **(stopping.plateau_record() if stopping is not None else {})}}
            if evaluate is not None else {}),
-        "final_recall@5": curve[-1][EVAL_METRIC] if curve else None,
-        "peak_recall@5": summary[f"best_{EVAL_METRIC}"],
+        "select_metric": EVAL_METRIC,
+        "final_ndcg@10": curve[-1][EVAL_METRIC] if curve else None,
+        "peak_ndcg@10": summary[f"best_{EVAL_METRIC}"],
+        "final_recall@5": validation_value(log, curve[-1]["step"], "recall@5") if curve else None,
+        "peak_recall@5": validation_value(log, summary["best_step"], "recall@5"),
         "peak_step": summary["best_step"],
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
         **({"blend": blends["blends"]["exclude_seen"], "valid_blend": blends["fit"]["valid"],

@@ -112,6 +112,33 @@ def test_fit_gives_cold_users_their_say_within_the_tolerance_only():
     assert B.target_ranks(c, plain, targets)[0] == 1  # which puts the majority's item first
 
 
+def test_a_cold_floor_keeps_only_the_blends_that_keep_the_cold_users_there():
+    c, _ = _cands()
+    n = 60
+    rep = lambda a: np.repeat(a, n, axis=0)  # noqa: E731
+    c = B.Candidates(rep(c.items), rep(c.model), {t: rep(v) for t, v in c.content.items()},
+                     {t: rep(v) for t, v in c.prefix.items()}, rep(c.beam_items), rep(c.beam_scores),
+                     rep(c.content_items), rep(c.evidence))
+    targets = np.array([0] * 35 + [1] * 25)
+    cold = targets == 1
+    score = lambda r, p="": round(r[f"{p}recall@10"] + r[f"{p}ndcg@10"], 12)  # noqa: E731
+    _, table = F.fit_blend(c, targets, cold=cold)
+    colds = sorted({score(r, "cold_") for r in table})
+    floor = colds[-1]  # only the points best for the cold users may compete
+    chosen, _ = F.fit_blend(c, targets, cold=cold, cold_floor=floor)
+    at_floor = [r for r in table if score(r, "cold_") >= floor]
+    ranks = B.target_ranks(c, chosen, targets)
+    from gencli.core.infer.metrics import ndcg_at_k, recall_at_k
+    assert round(recall_at_k(ranks[cold], 10) + ndcg_at_k(ranks[cold], 10), 12) >= floor
+    assert recall_at_k(ranks, 10) + ndcg_at_k(ranks, 10) == pytest.approx(max(score(r) for r in at_floor))
+    # a floor nobody reaches: the point best for the cold users
+    above, _ = F.fit_blend(c, targets, cold=cold, cold_floor=floor + 1.0)
+    ranks = B.target_ranks(c, above, targets)
+    assert round(recall_at_k(ranks[cold], 10) + ndcg_at_k(ranks[cold], 10), 12) == floor
+    # a floor below every point changes nothing
+    assert F.fit_blend(c, targets, cold=cold, cold_floor=-1.0)[0] == F.fit_blend(c, targets, cold=cold)[0]
+
+
 def test_by_history_length_buckets_and_skips_empty_ones():
     ranks = np.array([1, 0, 3, 12, 2, 0])
     lengths = np.array([1, 1, 2, 3, 15, 0])

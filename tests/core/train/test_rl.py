@@ -186,7 +186,8 @@ def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
     assert steps == [0, 2, 4] and metrics["start_ndcg@10"] == metrics["valid_curve"][0][1]
     assert metrics["peak_ndcg@10"] == max(v for _, v in metrics["valid_curve"])
     lengths = [len(seq) for seq in train["sequence"].to_list()]
-    assert metrics["prompts"] == sum(min(n - 1, 4) for n in lengths)  # the latest 4 training targets per user
+    assert metrics["prompts"] == sum(min(n - 1, 2) for n in lengths)  # the latest 2 training targets per user
+    assert metrics["kept"] == "rl" and metrics["guard"]["compared"] is False  # no start step folder to compare with
     assert 0 <= metrics["rollout_hit_rate"] <= 1
     final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
     start = Qwen3ForCausalLM.from_pretrained(model_dir).state_dict()
@@ -209,3 +210,68 @@ def test_rl_config_checks_its_options():
     for field in ("--from", "--negatives", "--beta", "--eval-beams"):
         assert field in text
     assert TrainConfig(task="rl", start_from="sft").peak_lr == 1e-4 and TrainConfig().peak_lr == 1e-3
+
+
+def test_rl_prompts_are_capped_by_a_seeded_subsample_in_log_order(tmp_path):
+    _, vocab_path = build_sid_model(tmp_path / "in")
+    vocab = load_sid_vocab(vocab_path)
+    train, _ = toy_splits()
+    tokens = item_token_ids(TOY_CODES, vocab)
+    full = PromptExamples(train["sequence"], tokens, vocab, 20, 0)
+    capped = [PromptExamples(train["sequence"], tokens, vocab, 20, 0, max_prompts=5, seed=s) for s in (0, 0, 1)]
+    pairs = lambda d: [(int(r), int(p)) for r, p in zip(d.rows, d.positions, strict=True)]  # noqa: E731
+    assert len(capped[0]) == 5 and pairs(capped[0]) == pairs(capped[1]) and pairs(capped[0]) != pairs(capped[2])
+    assert set(pairs(capped[0])) <= set(pairs(full)) and pairs(capped[0]) == sorted(pairs(capped[0]))
+    assert len(PromptExamples(train["sequence"], tokens, vocab, 20, 0, max_prompts=len(full) + 1)) == len(full)
+
+
+def test_rl_keeps_the_start_model_and_blend_when_it_cannot_beat_them(tmp_path):
+    model_dir, vocab_path = build_sid_model(tmp_path / "in")
+    train, valid = toy_splits()
+    emb = np.random.default_rng(0).normal(size=(len(TOY_CODES), 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=2, eval_every=1,
+                      eval_users=8, max_history=20, rollouts=6, negatives=3, patience=0, lr=1e-2, average=1)
+    first = rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, tmp_path / "first")
+    # the start step: the first run's folder, its recorded validation score out of reach
+    start = tmp_path / "first"
+    record = json.loads((start / artifacts.BLEND).read_text())
+    record["fit"]["valid"]["blend"].update({"recall@10": 1.0, "ndcg@10": 1.0})
+    (start / artifacts.BLEND).write_text(json.dumps(record))
+    out = tmp_path / "second"
+    metrics = rl.run(cfg, start / artifacts.MODEL_DIR, vocab_path, TOY_CODES, train, valid, emb, out,
+                     start_dir=start)
+    assert metrics["guard"]["compared"] and metrics["guard"]["start_valid"] == 2.0
+    if metrics["peak_step"]:  # an update won validation: it still loses to the recorded start, so the start stays
+        assert metrics["kept"] == "sft"
+        final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
+        begin = Qwen3ForCausalLM.from_pretrained(start / artifacts.MODEL_DIR).state_dict()
+        assert all(torch.equal(final[k], begin[k]) for k in begin)
+        assert (out / artifacts.BLEND).read_bytes() == (start / artifacts.BLEND).read_bytes()
+        assert (out / artifacts.ITEM_PRIOR).read_bytes() == (start / artifacts.ITEM_PRIOR).read_bytes()
+    else:  # no update won: the start model is rl's model, its blend refitted
+        assert metrics["kept"] == "rl"
+    assert first["kept"] == "rl"
+
+
+def test_keep_better_compares_served_validation_and_the_cold_floors():
+    def rec(r, n, cr=None, cn=None, users=100):
+        blend = {"recall@10": r, "ndcg@10": n, **({"cold_recall@10": cr, "cold_ndcg@10": cn} if cr is not None else {})}
+        return {"fit": {"users": users, "valid": {"blend": blend}, "valid_include_seen": {"blend": blend}}}
+
+    start = rec(0.30, 0.15, 0.20, 0.10)
+    floors = rl.cold_floors(start, _Users(100))
+    assert floors == {"exclude_seen": 0.3, "include_seen": 0.3}
+    assert rl.cold_floors(start, _Users(99)) == {}  # other users: nothing to compare
+    assert rl.keep_better(rec(0.31, 0.15, 0.20, 0.10), start, floors, 5)["kept"] == "rl"
+    assert rl.keep_better(rec(0.29, 0.15, 0.20, 0.10), start, floors, 5)["kept"] == "sft"
+    assert rl.keep_better(rec(0.40, 0.20, 0.19, 0.10), start, floors, 5)["kept"] == "sft"  # the cold users fell
+    assert rl.keep_better(rec(0.29, 0.15, 0.20, 0.10), start, floors, 0)["kept"] == "rl"  # the start model itself
+    assert rl.keep_better(rec(0.29, 0.15), None, {}, 5) == {"kept": "rl", "rl_valid": 0.44, "compared": False}
+
+
+class _Users:
+    """What cold_floors reads of a Validation: how many users it judges."""
+
+    def __init__(self, n):
+        self.evaluator = type("E", (), {"targets": list(range(n))})()

@@ -55,7 +55,7 @@ def test_sid_softmax_loss_equals_restricted_cross_entropy(tmp_path):
 def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=5,
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=10,
                       sid_softmax=True, log_every=1)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
@@ -63,11 +63,15 @@ def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     assert metrics["steps"] == 4 and metrics["targets"] == sum(len(s) - 1 for s in train["sequence"].to_list())
     assert metrics["samples"] == train.height  # windows: every toy sequence fits in one window of 21 items
     assert [s for s, _ in metrics["valid_curve"]] == [2, 4]
-    recalls = [r for _, r in metrics["valid_curve"]]
-    assert metrics["peak_recall@5"] == max(recalls) and metrics["final_recall@5"] == recalls[-1]
-    assert metrics["peak_step"] == [2, 4][recalls.index(max(recalls))]
+    ndcgs = [r for _, r in metrics["valid_curve"]]
+    assert metrics["select_metric"] == "ndcg@10"
+    assert metrics["peak_ndcg@10"] == max(ndcgs) and metrics["final_ndcg@10"] == ndcgs[-1]
+    assert metrics["peak_step"] == [2, 4][ndcgs.index(max(ndcgs))]
     lines = [json.loads(ln) for ln in (out / artifacts.METRICS_JSONL).read_text().splitlines()]
     valid_lines = [ln for ln in lines if ln["kind"] == "valid"]
+    by_step = {ln["step"]: ln for ln in valid_lines}
+    assert metrics["peak_recall@5"] == by_step[metrics["peak_step"]]["recall@5"]  # the picked checkpoint's
+    assert metrics["final_recall@5"] == by_step[4]["recall@5"]
     assert [ln["users"] for ln in valid_lines] == [8, 8] and all(0 <= ln["recall@5"] <= 1 for ln in valid_lines)
     assert all(ln["tokens_per_s"] > 0 for ln in lines if ln["kind"] == "train")
     best = Qwen3ForCausalLM.from_pretrained(out / artifacts.BEST_DIR).state_dict()
@@ -99,12 +103,12 @@ def test_sft_with_sap_records_the_layer_auto_resolved_to_and_rejects_a_bad_one_b
 
     model_dir, vocab_path = build_sid_model(tmp_path / "in", layers=4)
     train, valid = toy_splits()
-    cfg = TrainConfig(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=5,
+    cfg = TrainConfig(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=10,
                       stamp=StampConfig(sap=True, keep_ratio=0.5, recent_window=4))
     assert cfg.stamp.layer == 0  # the default: a quarter of the layers, at least 2
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "sft")
     assert metrics["stamp_layer"] == 2
-    plain = sft.run(TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_users=4, eval_beams=5), model_dir,
+    plain = sft.run(TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_users=4, eval_beams=10), model_dir,
                     vocab_path, CODES, train, valid, tmp_path / "plain")
     assert "stamp_layer" not in plain
     with pytest.raises(ConfigError, match=r"--stamp-layer must be in \[1, 3\] for this 4-layer model \(got 4\)"):
@@ -127,7 +131,7 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=5,
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=10,
                       save_every=2, patience=0)
     whole = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "whole", embeddings=emb)
     record = json.loads((tmp_path / "whole" / artifacts.BLEND).read_text())
@@ -151,7 +155,7 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     fresh = sft.Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
                            ranker=Ranker(ContentScorer(emb), first_groups(tokens),
                                          counts=train_target_counts(train, len(tokens))))
-    again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_recall@5"])
+    again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_ndcg@10"])
     assert again == record
     assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()
     with pytest.raises(Exception, match="embed has vectors for 3 items"):

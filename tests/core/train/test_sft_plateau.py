@@ -75,7 +75,7 @@ def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path)
     # a learning rate too small to change anything: validation is flat from the first evaluation, which patience
     # alone would take for the peak; the model never leaves the plateau, so training runs to its epoch cap and the
     # stops patience asked for are counted; the best checkpoint is still the model
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=5, average=1, min_evals=0, epochs=4)
+    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=10, average=1, min_evals=0, epochs=4)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
@@ -141,7 +141,7 @@ def test_validation_uses_every_valid_user_up_to_the_cap_and_a_seeded_subsample_a
     assert EVAL_USERS > valid.height
     users = {}
     for cap in (EVAL_USERS, 0, 5):
-        cfg = TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_beams=5, eval_users=cap)
+        cfg = TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_beams=10, eval_users=cap)
         sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / f"sft-{cap}")
         lines = [json.loads(ln) for ln in (tmp_path / f"sft-{cap}" / artifacts.METRICS_JSONL).read_text().splitlines()]
         users[cap] = [ln["users"] for ln in lines if ln["kind"] == "valid"]
