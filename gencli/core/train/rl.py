@@ -82,10 +82,15 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
     curve = summary.pop("evals")
     best = summary[f"best_{EVAL_METRIC}"]
     start_blend = read_blend(start_dir)
-    floors = cold_floors(start_blend, evaluate)
-    blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events,
-                                         cold_floors=floors or None)
-    guard = keep_better(blends, start_blend, floors, summary["best_step"])
+    averaged = (summary.get("average") or {}).get("members", 1) > 1
+    if start_blend is not None and summary["best_step"] == 0 and not averaged:
+        # no update won: rl's model is sft's, bit for bit, and so would its refitted blend be
+        guard = {"kept": "sft", "compared": True, "reason": "no update beat the start model on validation"}
+    else:
+        floors = cold_floors(start_blend, evaluate)
+        blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events,
+                                             cold_floors=floors or None)
+        guard = keep_better(blends, start_blend, floors, summary["best_step"])
     if guard["kept"] == "sft":
         copy_start(start_dir, out_dir)
         blends = start_blend

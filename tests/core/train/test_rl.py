@@ -225,33 +225,41 @@ def test_rl_prompts_are_capped_by_a_seeded_subsample_in_log_order(tmp_path):
     assert len(PromptExamples(train["sequence"], tokens, vocab, 20, 0, max_prompts=len(full) + 1)) == len(full)
 
 
-def test_rl_keeps_the_start_model_and_blend_when_it_cannot_beat_them(tmp_path):
+def test_rl_keeps_the_start_model_and_blend_when_no_update_wins(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     emb = np.random.default_rng(0).normal(size=(len(TOY_CODES), 8)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=2, eval_every=1,
                       eval_users=8, max_history=20, rollouts=6, negatives=3, patience=0, lr=1e-2, average=1)
-    first = rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, tmp_path / "first")
-    # the start step: the first run's folder, its recorded validation score out of reach
-    start = tmp_path / "first"
-    record = json.loads((start / artifacts.BLEND).read_text())
-    record["fit"]["valid"]["blend"].update({"recall@10": 1.0, "ndcg@10": 1.0})
-    (start / artifacts.BLEND).write_text(json.dumps(record))
+    start = tmp_path / "first"  # the start step's folder: a model with its blend.json and item_prior.npy
+    assert rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, start)["kept"] == "rl"
     out = tmp_path / "second"
     metrics = rl.run(cfg, start / artifacts.MODEL_DIR, vocab_path, TOY_CODES, train, valid, emb, out,
                      start_dir=start)
-    assert metrics["guard"]["compared"] and metrics["guard"]["start_valid"] == 2.0
-    if metrics["peak_step"]:  # an update won validation: it still loses to the recorded start, so the start stays
-        assert metrics["kept"] == "sft"
-        final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
-        begin = Qwen3ForCausalLM.from_pretrained(start / artifacts.MODEL_DIR).state_dict()
-        assert all(torch.equal(final[k], begin[k]) for k in begin)
-        assert (out / artifacts.BLEND).read_bytes() == (start / artifacts.BLEND).read_bytes()
-        assert (out / artifacts.ITEM_PRIOR).read_bytes() == (start / artifacts.ITEM_PRIOR).read_bytes()
-    else:  # no update won: the start model is rl's model, its blend refitted
-        assert metrics["kept"] == "rl"
-    assert first["kept"] == "rl"
+    # on these toys both updates lower validation NDCG@10 (seeded): the start model stays, its blend with it
+    assert metrics["peak_step"] == 0 and metrics["valid_curve"][2][1] < metrics["valid_curve"][0][1]
+    assert metrics["kept"] == "sft" and metrics["guard"]["reason"].startswith("no update")
+    final = Qwen3ForCausalLM.from_pretrained(out / artifacts.MODEL_DIR).state_dict()
+    begin = Qwen3ForCausalLM.from_pretrained(start / artifacts.MODEL_DIR).state_dict()
+    assert all(torch.equal(final[k], begin[k]) for k in begin)
+    for name in (artifacts.BLEND, artifacts.ITEM_PRIOR):
+        assert (out / name).read_bytes() == (start / name).read_bytes()
+
+
+def test_copy_start_replaces_rls_model_blend_and_prior(tmp_path):
+    start, out = tmp_path / "sft", tmp_path / "rl"
+    for folder, tag in ((start, b"sft"), (out, b"rl")):
+        (folder / artifacts.MODEL_DIR).mkdir(parents=True)
+        (folder / artifacts.MODEL_DIR / "model.safetensors").write_bytes(tag)
+        (folder / artifacts.BLEND).write_bytes(tag + b" blend")
+        (folder / artifacts.ITEM_PRIOR).write_bytes(tag + b" prior")
+    (out / artifacts.MODEL_DIR / "extra.bin").write_bytes(b"rl only")
+    rl.copy_start(start, out)
+    assert sorted(p.name for p in (out / artifacts.MODEL_DIR).iterdir()) == ["model.safetensors"]
+    assert (out / artifacts.MODEL_DIR / "model.safetensors").read_bytes() == b"sft"
+    assert (out / artifacts.BLEND).read_bytes() == b"sft blend" and (out / artifacts.ITEM_PRIOR).read_bytes() == b"sft prior"
+    assert sorted(p.name for p in out.iterdir()) == sorted([artifacts.MODEL_DIR, artifacts.BLEND, artifacts.ITEM_PRIOR])
 
 
 def test_keep_better_compares_served_validation_and_the_cold_floors():
