@@ -17,6 +17,7 @@ environment.
     python bench/baselines.py --dataset ml100k-all --seeds 0 --skip-sasrec  # ML-100k without the item 5-core
     python bench/baselines.py --dataset ml100k-new --inits centroid --skip-sasrec  # new items: a real cold cohort
     python bench/baselines.py --table                                     # table of the cached runs
+    python bench/baselines.py --targets --out A.json,B.json               # #46's ratios: default / SASRec, ...
 
 gencli runs its current defaults for sft (``--sft`` passes extra sft options, ``--eval`` extra eval options);
 quantize and init-vocab use sample_data/pipeline.toml's settings (``--quantize`` quantizes again in the run's
@@ -83,8 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torch-index-url", default="", help="extra pip index for the venv's torch, e.g. "
                    "https://download.pytorch.org/whl/cpu where no local CPU wheel exists (avoids the CUDA build)")
     p.add_argument("--workroot", type=Path, default=CACHE / "baselines")
-    p.add_argument("--out", type=Path, default=CACHE / "baselines" / "results.json")
+    p.add_argument("--out", default=str(CACHE / "baselines" / "results.json"))
     p.add_argument("--table", action="store_true", help="only print the table of --out")
+    p.add_argument("--targets", action="store_true", help="only print, per dataset and policy, the default (sft + rl) "
+                   "and the model alone against SASRec and the content nearest-neighbour, and the seed spread, from "
+                   "--out (comma-separated files are merged)")
     return p.parse_args(argv)
 
 
@@ -457,9 +461,72 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
                       f"{row.get('cold_recall@10', 0):.4f} ({row['seconds']}s)", flush=True)
 
 
+# SASRec where this results file has no run of it: Amazon Beauty as the TIGER paper published it (seen items ranked,
+# leave-one-out); the sample (3 seeds) and ML-100k (seed 0) as this script measured them on the same splits on
+# 2026-12-04 (docs/benchmarks.md, research/baselines/NOTES.md)
+PUBLISHED_SASREC = {("beauty", "seen ranked"): {"recall@10": 0.0605, "ndcg@10": 0.0318},
+                    ("sample", "seen masked"): {"recall@10": 0.1263, "ndcg@10": 0.0677},
+                    ("sample", "seen ranked"): {"recall@10": 0.1175, "ndcg@10": 0.0614},
+                    ("ml100k", "seen ranked"): {"recall@10": 0.1336, "ndcg@10": 0.0615}}
+
+
+def target_lines(rows: list[dict]) -> list[str]:
+    """Issue #46's figures per (dataset, policy): the default (sft + rl) and the model alone against SASRec (run
+    here, else PUBLISHED_SASREC) and the content nearest-neighbour, the cold cohort against the content
+    nearest-neighbour's, and the default's sd / mean over seeds. Means over the seeds each row has."""
+    def mean(rs: list[dict], key: str) -> float | None:
+        vals = [float(r[key]) for r in rs if r.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    def spread(rs: list[dict], key: str) -> str:
+        vals = [float(r[key]) for r in rs if r.get(key) is not None]
+        return f"{statistics.stdev(vals) / statistics.fmean(vals):.1%}" if len(vals) > 1 else "-"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if a is None or not b else f"{a / b:.2f}x"
+
+    groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for r in rows:
+        m = r["method"]
+        kind = ("sasrec" if m == "sasrec" else "content" if m.startswith("content") else
+                "default" if m.startswith("gencli") and " + rl" in m and not m.split(" + rl")[1].startswith(" model")
+                else "alone" if m.startswith("gencli") and " + rl model alone" in m else None)
+        if kind:
+            groups.setdefault((r["dataset"], r["policy"]), {}).setdefault(kind, []).append(r)
+    lines = ["| dataset | policy | seeds | default R@10 / N@10 | vs SASRec | vs content NN | model alone vs SASRec | "
+             "cold vs content NN | default sd/mean R@10, N@10 |", "|" + "---|" * 9]
+    for (ds, policy), g in sorted(groups.items()):
+        d, a, c = g.get("default", []), g.get("alone", []), g.get("content", [])
+        if not d:
+            continue
+        sas = ({k: mean(g["sasrec"], k) for k in ("recall@10", "ndcg@10")} if g.get("sasrec") else
+               PUBLISHED_SASREC.get((ds, policy), {}))
+        seeds = sorted({r["seed"] for r in d})
+        cell = lambda rs, k: "-" if mean(rs, k) is None else f"{mean(rs, k):.4f}"  # noqa: E731
+        both = lambda rs, ref: f"{ratio(mean(rs, 'recall@10'), ref.get('recall@10'))} / " \
+            f"{ratio(mean(rs, 'ndcg@10'), ref.get('ndcg@10'))}"  # noqa: E731
+        content = {k: mean(c, k) for k in ("recall@10", "ndcg@10")} if c else {}
+        lines.append(f"| {ds} | {policy} | {','.join(map(str, seeds))} | {cell(d, 'recall@10')} / "
+                     f"{cell(d, 'ndcg@10')} | {both(d, sas) if sas else '-'}{'' if g.get('sasrec') or not sas else ' (recorded)'} | "
+                     f"{both(d, content)} | {both(a, sas) if sas else '-'} | "
+                     f"{ratio(mean(d, 'cold_recall@10'), mean(c, 'cold_recall@10'))} | "
+                     f"{spread(d, 'recall@10')}, {spread(d, 'ndcg@10')} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {"runs": {}}
+    outs = [Path(p) for p in args.out.split(",")]
+    results: dict = {"runs": {}}
+    for path in outs:
+        if path.is_file():
+            results["runs"].update(json.loads(path.read_text(encoding="utf-8"))["runs"])
+    if args.targets:
+        print("\n".join(target_lines(list(results["runs"].values()))))
+        return
+    if len(outs) > 1:
+        raise SystemExit("--out takes several files only with --table or --targets")
+    args.out = outs[0]
     if args.table:
         print("\n".join(summarise(list(results["runs"].values()))))
         return

@@ -104,7 +104,7 @@ EVAL_USERS = 2000  # validation users: all up to this, above it a subsample fixe
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
 MIN_EVALS = 4  # sft validations before patience may stop it (with the plateau rule, core/train/plateau.py)
 DROPOUT = 0.0  # sft's: 0.1 was level on the sample and lost 6-18% of the model's validation recall on ML-100k
-# (docs/benchmarks.md, the model alone against SASRec)
+# (research/rl/NOTES.md, the tables before #46)
 AVERAGE = 3  # checkpoints the validated average may hold: the best and the two that patience validated after it
 BATCH = 32  # samples per micro-batch with --batch-size 0 (cpt, sft prefixes, sft windows on larger logs); also
 # sft's validation decode batch

@@ -2,8 +2,10 @@
 
 Decodes a finished workdir's model step once per split and seen-item policy (validation as sft's final fit does it,
 test as eval does), then fits on validation (a) the blend as it was fitted before #38 (one fit on the masked
-candidates, applied to both policies, no cold boost, no cold users' say) and (b) today's fit (one per policy, the cold
-boost, the cold users' say), and scores both on test, beside the content nearest-neighbour and popularity.
+candidates, applied to both policies, no cold boost, no cold users' say), (b) the cold users' say as it was before #46
+(within COLD_TOLERANCE of the best only) and (c) today's fit (one per policy, the cold boost, the cold users' say among
+the points validation cannot tell from the best), and scores them on test, beside the content nearest-neighbour and
+popularity.
 
     python research/cold/compare.py bench/.cache/baselines/sample/gencli-centroid-s0-8dc679 --step sft
 """
@@ -25,11 +27,13 @@ from gencli.core.infer.content import ContentScorer
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.fit import COLD_MAX_COUNT, fit_blend
 from gencli.core.infer.fit import COLD_TOLERANCE as TOLERANCE
+from gencli.core.infer.fit import COLD_Z as Z
 from gencli.core.infer.metrics import ndcg_at_k, popularity_ranks, recall_at_k
 from gencli.core.infer.prior import fit_prior, prior_order
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import store
+from gencli.core.train.sft import VALID_SEED
 
 
 def scores(ranks: np.ndarray, cold: np.ndarray) -> dict:
@@ -42,7 +46,6 @@ def main() -> None:
     p.add_argument("workdir", type=Path)
     p.add_argument("--step", default="sft")
     p.add_argument("--eval-users", type=int, default=0, help="validation users (sft's eval_users; 0 = all)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--tolerances", default="", help="also score the fit at these COLD_TOLERANCE values, e.g. 0.01,0.02")
@@ -50,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     w = a.workdir
     params = json.loads((w / a.step / "step.json").read_text())["params"]
-    seed = params.get("seed", a.seed)
+    seed = VALID_SEED  # sft's validation subsample, the same for every training seed
     eval_users = a.eval_users or params.get("eval_users", 0)
     max_history = params.get("max_history", 20)
     train, valid, test = (tables.load_split(w / "ingest", s) for s in ("train", "valid", "test"))
@@ -86,6 +89,11 @@ def main() -> None:
             extra[f"tolerance {tol}"] = {"blend": b.to_dict(), **scores(target_ranks(c_t, b, ev_t.targets),
                                                                      counts[ev_t.targets] <= COLD_MAX_COUNT)}
         F.COLD_TOLERANCE = TOLERANCE
+        F.COLD_Z = 0.0  # the rule before #46: the cold users' say within COLD_TOLERANCE of the best only
+        b = fit_blend(c_v, ev_v.targets, cold=cold_v)[0]
+        extra["tolerance only (before #46)"] = {"blend": b.to_dict(), **scores(target_ranks(c_t, b, ev_t.targets),
+                                                                                 cold_t)}
+        F.COLD_Z = Z
         own, report = F.fit_by_history(c_v, ev_v.targets, ev_v.histories, new_blend)
         bucketed = Ranker(ranker.scorer, ranker.groups, {p: new_blend for p in B.POLICIES}, counts=counts,
                           by_history={B.policy(masked): own})

@@ -18,7 +18,9 @@ from gencli.core.infer.content import COLD_BOOSTS, WEIGHTS, Blend
 from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, recall_at_k
 
 COLD_MAX_COUNT = 1  # a cold user's target was a training target at most this many times (cold-eval's default)
-COLD_TOLERANCE = 0.005  # the fit gives up at most this share of the best validation score for the cold users
+COLD_TOLERANCE = 0.005  # the cold users choose among points within this share of the best validation score ...
+COLD_Z = 1.0  # ... or within this many standard errors of their paired difference from it, whichever is wider:
+# the points validation cannot tell from the best (on Beauty's 2,000 users 0.5% kept every cold user at 0)
 MIN_COLD_USERS = 20  # fewer cold validation users than this: the fit ignores them
 MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 BUCKET_STEP = 0.2  # a bucket's grid of shares (its boosts: none and the shared blend's), 8x cheaper than the full fit
@@ -32,9 +34,11 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     rarely seen items (default COLD_BOOSTS when the candidates know the counts); every point tried is returned.
 
     ``cold`` (bool per user: the target was a training target at most COLD_MAX_COUNT times), with at least
-    MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
-    (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
-    gives them whatever suits the rest; this trades a bounded share of the overall score for them.
+    MIN_COLD_USERS of them: of the points validation cannot tell from the best (within COLD_TOLERANCE of its score,
+    or within COLD_Z standard errors of the paired per-user difference from it, whichever is wider), the one best for
+    the cold users (the score of all users decides ties). New items are a minority of any validation split, so the
+    plain optimum gives them whatever suits the rest; this trades them a share of the overall score no larger than
+    validation's own noise.
 
     ``cold_floor`` (their Recall@k + NDCG@k under the blend of the model a later stage started from, on the same
     users): only the points at or above it compete, so a stage such as rl never buys its overall gain with them; when
@@ -46,6 +50,7 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     use_cold = cold is not None and int(np.sum(cold)) >= MIN_COLD_USERS
     table: list[dict] = []
     points: list[tuple[tuple, Blend, float]] = []  # (tie-break key, blend, cold score)
+    per_user: list[np.ndarray] = []  # each point's Recall@k + NDCG@k per user (the paired test of the cold rule)
     with_prefix = any(np.isfinite(v).any() for v in c.prefix.values())
     for weight in grid:
         prefixes = [p for p in grid if p <= round(1 - weight, 4)] if with_prefix else [0.0]
@@ -58,6 +63,7 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
                     row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
                     cold_score = 0.0
                     if use_cold:
+                        per_user.append(user_scores(ranks, k))
                         row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
                         row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
                         cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
@@ -66,14 +72,31 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
                     points.append((key, blend, cold_score))
     if not points:
         raise ValueError("fit_blend: no blend to try")
+    index = list(range(len(points)))
     if use_cold and cold_floor is not None:
-        kept = [p for p in points if p[2] >= round(cold_floor, 12)]
-        points = kept or [max(points, key=lambda p: (p[2], p[0]))]
-    best = max(points, key=lambda p: p[0])
+        index = [i for i in index if points[i][2] >= round(cold_floor, 12)] or \
+            [max(index, key=lambda i: (points[i][2], points[i][0]))]
+    best = max(index, key=lambda i: points[i][0])
     if use_cold:
-        floor = best[0][0] * (1 - COLD_TOLERANCE)
-        best = max((p for p in points if p[0][0] >= floor), key=lambda p: (p[2], p[0]))
-    return best[1], table
+        near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
+        best = max((i for i, ok in zip(index, near, strict=True) if ok), key=lambda i: (points[i][2], points[i][0]))
+    return points[best][1], table
+
+
+def user_scores(ranks: np.ndarray, k: int) -> np.ndarray:
+    """Each user's hit@k + NDCG@k (their means are Recall@k + NDCG@k)."""
+    hit = (ranks >= 1) & (ranks <= k)
+    return np.where(hit, 1.0 + 1.0 / np.log2(np.maximum(ranks, 1) + 1.0), 0.0)
+
+
+def indistinguishable(scores: np.ndarray, best: int) -> np.ndarray:
+    """[P] whether each point's mean score (rows of ``scores`` [P, U]) is within the wider of COLD_TOLERANCE of the
+    best row's and COLD_Z standard errors of the paired per-user difference from it (the best row itself: True)."""
+    diff = scores[best][None, :] - scores
+    n = scores.shape[1]
+    se = diff.std(axis=1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(len(scores))
+    margin = np.maximum(COLD_TOLERANCE * scores[best].mean(), COLD_Z * se)
+    return diff.mean(axis=1) <= margin + 1e-12
 
 
 def fit_by_history(c: Candidates, targets: np.ndarray, histories: Sequence[Sequence[int]], shared: Blend,
