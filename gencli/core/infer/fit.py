@@ -3,7 +3,8 @@ blends of their own for history-length buckets (:func:`fit_by_history`).
 
 :func:`fit_blend` maximises Recall@10 + NDCG@10 (ties: the larger model share, then the smaller prefix share, the
 temperature nearer 0.2, the smaller boost); with enough cold validation users it gives them the choice among the
-points within COLD_TOLERANCE of that optimum. A ``cold_floor`` (what the cold users had from the model a later
+points within COLD_TOLERANCE of that optimum, or, where none serves them as well as the text alone, among the points
+validation cannot tell from it. A ``cold_floor`` (what the cold users had from the model a later
 stage started from) restricts the fit to the points that keep them there, when any does.
 """
 
@@ -13,14 +14,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gencli.core.infer.blend import FIT_K, Candidates, history_buckets, target_ranks
+from gencli.core.infer.blend import FIT_K, Candidates, content_ranking, history_buckets, target_ranks
 from gencli.core.infer.content import COLD_BOOSTS, WEIGHTS, Blend
-from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, recall_at_k
+from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, rank_of_target, recall_at_k
 
 COLD_MAX_COUNT = 1  # a cold user's target was a training target at most this many times (cold-eval's default)
-COLD_TOLERANCE = 0.005  # the cold users choose among points within this share of the best validation score ...
-COLD_Z = 1.0  # ... or within this many standard errors of their paired difference from it, whichever is wider:
-# the points validation cannot tell from the best (on Beauty's 2,000 users 0.5% kept every cold user at 0)
+COLD_TOLERANCE = 0.005  # the cold users choose among points within this share of the best validation score; ...
+COLD_Z = 1.0  # ... where that leaves them below the text alone, among the points within this many standard errors
+# of the paired difference from the best (validation cannot tell them apart): on Beauty's 2,000 users 0.5% alone kept
+# every cold user at 0 (research/cold/NOTES.md)
 MIN_COLD_USERS = 20  # fewer cold validation users than this: the fit ignores them
 MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 BUCKET_STEP = 0.2  # a bucket's grid of shares (its boosts: none and the shared blend's), 8x cheaper than the full fit
@@ -34,11 +36,13 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     rarely seen items (default COLD_BOOSTS when the candidates know the counts); every point tried is returned.
 
     ``cold`` (bool per user: the target was a training target at most COLD_MAX_COUNT times), with at least
-    MIN_COLD_USERS of them: of the points validation cannot tell from the best (within COLD_TOLERANCE of its score,
-    or within COLD_Z standard errors of the paired per-user difference from it, whichever is wider), the one best for
-    the cold users (the score of all users decides ties). New items are a minority of any validation split, so the
-    plain optimum gives them whatever suits the rest; this trades them a share of the overall score no larger than
-    validation's own noise.
+    MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
+    (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
+    gives them whatever suits the rest. When that point still serves the cold users worse than the content
+    nearest-neighbour does (the text alone), the fit widens to the points validation cannot tell from the best
+    (within COLD_Z standard errors of the paired per-user difference from it) and takes the best overall among those
+    that reach the text's score for them (none reaches it: the best for them among those): it trades the overall
+    list at most validation's own noise, and only where the cold users need it.
 
     ``cold_floor`` (their Recall@k + NDCG@k under the blend of the model a later stage started from, on the same
     users): only the points at or above it compete, so a stage such as rl never buys its overall gain with them; when
@@ -78,8 +82,16 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
             [max(index, key=lambda i: (points[i][2], points[i][0]))]
     best = max(index, key=lambda i: points[i][0])
     if use_cold:
-        near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
-        best = max((i for i, ok in zip(index, near, strict=True) if ok), key=lambda i: (points[i][2], points[i][0]))
+        by_cold = lambda i: (points[i][2], points[i][0])  # noqa: E731
+        floor = points[best][0][0] * (1 - COLD_TOLERANCE)
+        choice = max((i for i in index if points[i][0][0] >= floor), key=by_cold)
+        text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean()
+        if points[choice][2] < round(text, 12):
+            near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
+            wide = [i for i, ok in zip(index, near, strict=True) if ok]
+            reach = [i for i in wide if points[i][2] >= round(text, 12)]
+            choice = max(reach, key=lambda i: points[i][0]) if reach else max(wide, key=by_cold)
+        best = choice
     return points[best][1], table
 
 
