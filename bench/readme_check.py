@@ -1,8 +1,9 @@
 """README's numbers against a workdir of README's main job: every number README's main-job paragraph states (served
 test Recall@10 and NDCG@10, the cold cohort's Recall@10, the seen-ranked policy, the model alone, the content
-nearest-neighbour, popularity, the visitor without history, and sft's epochs, steps and best checkpoint) is read FROM
+nearest-neighbour, popularity, the visitor without history, sft's epochs, steps and best checkpoint, and rl's steps,
+prompts and whose model it kept) is read FROM
 README.md, so a re-measured README is checked as it is written, and compared with what the workdir recorded
-(eval/metrics.json, cold-eval/metrics.json, sft/step.json).
+(eval/metrics.json, cold-eval/metrics.json, sft/step.json, rl/step.json).
 
 Tolerance: none. At ``--threads 1`` the main job is deterministic, so each recorded value, written with README's
 digits (4 decimals, or a whole number), must be README's string exactly.
@@ -27,12 +28,15 @@ POLICY = rf"{NUM}, {NUM}, {NUM}"  # Recall@10, NDCG@10, cold cohort Recall@10
 # README's sentences, whitespace folded to one space; each group is one number, named in NAMES in order
 SENTENCES = (
     r"patience stopped it at (\d+) epochs, (\d+) steps\), averages its best checkpoint \(step (\d+)\)",
+    r"rl then trains (\d+) steps on (\d+) prompts \(the latest 2 training targets of each user\) and keeps (sft|rl)'s "
+    r"model",
     rf"served test Recall@10 {NUM}, NDCG@10 {NUM}, cold cohort Recall@10 {NUM} \(seen ranked: {POLICY}; the model "
     rf"alone, served: {POLICY}; the content nearest-neighbour: {POLICY}; popularity: {POLICY}\); a visitor without "
     rf"history would get Recall@10 {NUM} \(popularity's is {NUM}\)",
 )
 NAMES = (
     ("sft epochs", "sft steps", "sft best checkpoint"),
+    ("rl steps", "rl prompts", "rl kept"),
     ("served R@10", "served N@10", "cold served R@10", "seen ranked R@10", "seen ranked N@10", "cold seen ranked R@10",
      "model alone R@10", "model alone N@10", "cold model alone R@10", "content R@10", "content N@10",
      "cold content R@10", "popularity R@10", "popularity N@10", "cold popularity R@10", "no history R@10",
@@ -61,15 +65,17 @@ def _policy(metrics: dict[str, Any], served: bool) -> dict[str, Any]:
     raise ValueError(f"no {'served' if served else 'seen-ranked'} policy in the metrics (run eval with both)")
 
 
-def recorded(workdir: Path) -> dict[str, float | int]:
+def recorded(workdir: Path) -> dict[str, float | int | str]:
     """The same numbers from the workdir, by README's names."""
     def read(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
 
     ev, cold = read(workdir / "eval" / "metrics.json"), read(workdir / "cold-eval" / "metrics.json")
     sft = read(workdir / "sft" / "step.json")["metrics"]
-    out: dict[str, float | int] = {"sft epochs": sft["epochs"], "sft steps": sft["steps"],
-                                   "sft best checkpoint": sft["peak_step"]}
+    rl = read(workdir / "rl" / "step.json")["metrics"]
+    out: dict[str, float | int | str] = {"sft epochs": sft["epochs"], "sft steps": sft["steps"],
+                                         "sft best checkpoint": sft["peak_step"], "rl steps": rl["steps"],
+                                         "rl prompts": rl["prompts"], "rl kept": rl["kept"]}
     for label, served in (("served", True), ("seen ranked", False)):
         block = ev["served" if served else "seen_ranked"]
         out |= {f"{label} R@10": block["recall@10"], f"{label} N@10": block["ndcg@10"],
@@ -85,13 +91,15 @@ def recorded(workdir: Path) -> dict[str, float | int]:
     return out
 
 
-def written(value: float | int, like: str) -> str:
-    """``value`` with the digits README wrote ``like`` with."""
+def written(value: float | int | str, like: str) -> str:
+    """``value`` with the digits README wrote ``like`` with (a word as it is)."""
+    if isinstance(value, str):
+        return value
     decimals = len(like.partition(".")[2])
     return f"{float(value):.{decimals}f}" if decimals else f"{float(value):.0f}"
 
 
-def compare(readme: dict[str, str], workdir: dict[str, float | int]) -> list[tuple[str, str, str, bool]]:
+def compare(readme: dict[str, str], workdir: dict[str, float | int | str]) -> list[tuple[str, str, str, bool]]:
     """(name, README's, the workdir's written alike, equal) per number README states."""
     return [(name, text, written(workdir[name], text), written(workdir[name], text) == text)
             for name, text in readme.items()]

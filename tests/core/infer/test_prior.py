@@ -87,12 +87,12 @@ def test_the_cold_boost_multiplies_the_text_parts_by_one_plus_b_over_one_plus_n(
         assert math.exp(b[0, col]) == pytest.approx(0.5 * model + text * (1 + 4.0 / (1 + counts[item])))
 
 
-def _sixty(c):
-    n = 60  # 35 users want item 0 (the model's, 9 training targets), 25 item 1 (never a training target)
+def _sixty(c, scale=1):
+    n = 60 * scale  # 35 in 60 users want item 0 (the model's, 9 training targets), 25 item 1 (never a target)
     rep = lambda a: np.repeat(a, n, axis=0)  # noqa: E731
     return B.Candidates(rep(c.items), rep(c.model), {t: rep(v) for t, v in c.content.items()},
                         {t: rep(v) for t, v in c.prefix.items()}, rep(c.beam_items), rep(c.beam_scores),
-                        rep(c.content_items), rep(c.evidence)), np.array([0] * 35 + [1] * 25)
+                        rep(c.content_items), rep(c.evidence)), np.array([0] * 35 * scale + [1] * 25 * scale)
 
 
 def _expected_choice(c, targets, cold):
@@ -108,7 +108,7 @@ def _expected_choice(c, targets, cold):
     tight = [i for i in range(len(blends)) if overall[i] >= overall[best] * (1 - F.COLD_TOLERANCE)]
     choice = max(tight, key=lambda i: (cold_score[i], key(i)))
     text = round(F.user_scores(rank_of_target(B.content_ranking(c, 10), targets)[cold], 10).mean(), 12)
-    if cold_score[choice] >= text:
+    if cold_score[choice] >= text or cold.sum() < F.MIN_WIDEN_USERS:
         return blends[choice], False
     wide = [i for i, ok in enumerate(F.indistinguishable(users, best)) if ok]
     reach = [i for i in wide if cold_score[i] >= text]
@@ -116,13 +116,19 @@ def _expected_choice(c, targets, cold):
 
 
 def test_fit_gives_cold_users_their_say_and_widens_only_where_the_text_serves_them_better():
-    c, targets = _sixty(_cands()[0])
-    # the cold users want item 1, never a training target: within 0.5% of the best nothing serves them as well as
+    c, targets = _sixty(_cands()[0], scale=5)
+    # 125 cold users want item 1, never a training target: within 0.5% of the best nothing serves them as well as
     # the text alone does, so the fit widens to the points validation cannot tell from the best
     cold = targets == 1
     chosen, table = F.fit_blend(c, targets, cold=cold)
     expected, widened = _expected_choice(c, targets, cold)
     assert widened and chosen == expected and chosen.cold > 0
+    # 25 such users are too few to trade the overall list for: the best for them within 0.5%
+    few, few_targets = _sixty(_cands()[0])
+    chosen, _ = F.fit_blend(few, few_targets, cold=few_targets == 1)
+    expected, widened = _expected_choice(few, few_targets, few_targets == 1)
+    assert not widened and chosen == expected
+    c, targets = _sixty(_cands()[0])
     assert {r.get("cold", 0.0) for r in table} == set(COLD_BOOSTS)  # every boost was tried
     # a cohort that wants the model's item: the tight tolerance already serves it at least as the text does
     cohort = np.arange(len(targets)) < 30
