@@ -524,12 +524,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.targets:
         print("\n".join(target_lines(list(results["runs"].values()))))
         return
-    if len(outs) > 1:
-        raise SystemExit("--out takes several files only with --table or --targets")
-    args.out = outs[0]
     if args.table:
         print("\n".join(summarise(list(results["runs"].values()))))
         return
+    if len(outs) > 1:
+        raise SystemExit("--out takes several files only with --table or --targets")
+    args.out = outs[0]
     os.environ.update(GENCLI_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     import torch
 

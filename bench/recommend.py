@@ -27,7 +27,7 @@ from common import CACHE, DATASETS, gencli, prepare_shared, write_json_atomic
 def _train(workdir, steps: int, max_history: int) -> None:
     gencli(["init-vocab", "--model", "tiny", "--seed", "0"], workdir)
     gencli(["sft", "--max-steps", str(steps), "--patience", "0", "--batch-size", "32", "--lr", "0.003", "--max-history",
-            str(max_history), "--eval-users", "50", "--eval-beams", "5", "--seed", "0"], workdir)
+            str(max_history), "--eval-users", "50", "--eval-beams", "10", "--seed", "0"], workdir)
 
 
 def _throughput(workdir, k: int, beams: int, batch_size: int, repeats: int) -> dict:

@@ -237,7 +237,8 @@ def test_the_documented_nightly_script_on_two_nights_of_the_sample(sample_dir, t
     assert report["previous"] == str((runs / "day1").resolve())
     assert (report["items_added"], report["sid_changed"]) == (len(after.keys() - before.keys()), 0)
     assert report["embed.items_encoded"] == report["items_added"]  # texts are unchanged: only new items
-    assert report["init-vocab.warm_start_from"] == str((runs / "day1" / "sft").resolve())
+    # the previous night's model step: rl (its own model, or sft's copied when no update beat it)
+    assert report["init-vocab.warm_start_from"] == str((runs / "day1" / "rl").resolve())
     assert report["sft.started_from"] == "init-vocab"
 
     decision = night2["promotion"]
