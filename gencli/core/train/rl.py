@@ -26,7 +26,7 @@ import polars as pl
 import torch
 
 from gencli.config import TrainConfig
-from gencli.core import artifacts
+from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device
 from gencli.core.infer.blend import FIT_K
 from gencli.core.infer.trie import SidTrie
@@ -92,7 +92,8 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
                                              cold_floors=floors or None)
         guard = keep_better(blends, start_blend, floors, summary["best_step"])
     if guard["kept"] == "sft":
-        copy_start(start_dir, out_dir)
+        if dist.is_main():  # under torchrun, rank 0 writes the step's files, as fit does
+            copy_start(start_dir, out_dir)
         blends = start_blend
     else:
         write_ranking(out_dir, blends, stats)
