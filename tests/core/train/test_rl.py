@@ -172,11 +172,16 @@ def test_grpo_drops_groups_without_the_target_before_the_policy_passes(tmp_path)
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
 
-def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
+def _rl_inputs(tmp_path):
+    """A toy sft model, its vocab, the toy splits and unit item vectors: what rl.run reads."""
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     emb = np.random.default_rng(0).normal(size=(len(TOY_CODES), 8)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    return model_dir, vocab_path, train, valid, emb / np.linalg.norm(emb, axis=1, keepdims=True)
+
+
+def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
+    model_dir, vocab_path, train, valid, emb = _rl_inputs(tmp_path)
     cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=4, eval_every=2,
                       eval_users=8, max_history=20, rollouts=6, negatives=3, log_every=1, patience=0)
     out = tmp_path / "rl"
@@ -226,10 +231,7 @@ def test_rl_prompts_are_capped_by_a_seeded_subsample_in_log_order(tmp_path):
 
 
 def test_rl_keeps_the_start_model_and_blend_when_no_update_wins(tmp_path):
-    model_dir, vocab_path = build_sid_model(tmp_path / "in")
-    train, valid = toy_splits()
-    emb = np.random.default_rng(0).normal(size=(len(TOY_CODES), 8)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    model_dir, vocab_path, train, valid, emb = _rl_inputs(tmp_path)
     cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=2, eval_every=1,
                       eval_users=8, max_history=20, rollouts=6, negatives=3, patience=0, lr=1e-2, average=1)
     start = tmp_path / "first"  # the start step's folder: a model with its blend.json and item_prior.npy
