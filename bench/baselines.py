@@ -52,8 +52,8 @@ COLD_EVAL = ["cold-eval", "--max-train-count", "1", "--beams", "20", "--k", ",".
 POLICIES = {"seen ranked": "--include-seen", "seen masked": "--exclude-seen"}
 VENV = CACHE / "venvs" / "recbole"
 # what a gencli row keeps of sft's metrics: how far training went
-SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "peak_ndcg@10", "train_time_s", "valid_time_s",
-            "samples", "targets", "batch_size", "valid_curve", "blend", "valid_blend")
+SFT_KEYS = ("steps", "max_steps", "epochs", "stop_reason", "peak_step", "peak_recall@5", "peak_ndcg@10", "train_time_s",
+            "valid_time_s", "samples", "targets", "batch_size", "valid_curve", "blend", "valid_blend")
 RL_KEYS = ("method", "steps", "epochs", "stop_reason", "start_ndcg@10", "peak_ndcg@10", "peak_step", "train_time_s",
            "valid_time_s", "prompts", "rollout_hit_rate", "average", "blend", "valid_blend", "kept", "guard")
 SASREC_MAX_LEN = 50  # RecBole's default MAX_ITEM_LIST_LENGTH: SASRec sees the last 50 history items
@@ -470,6 +470,16 @@ PUBLISHED_SASREC = {("beauty", "seen ranked"): {"recall@10": 0.0605, "ndcg@10": 
                     ("ml100k", "seen ranked"): {"recall@10": 0.1336, "ndcg@10": 0.0615}}
 
 
+def row_kind(method: str) -> str | None:
+    """What a results row is in --targets: sasrec, content, default (gencli + rl), alone (its model alone) or None."""
+    m = method.split(" (defaults")[0]
+    if m == "sasrec" or m.startswith("content"):
+        return m.split(" ")[0]
+    if m.startswith("gencli"):
+        return "default" if m.endswith(" + rl") else "alone" if m.endswith(" + rl model alone") else None
+    return None
+
+
 def target_lines(rows: list[dict]) -> list[str]:
     """Issue #46's figures per (dataset, policy): the default (sft + rl) and the model alone against SASRec (run
     here, else PUBLISHED_SASREC) and the content nearest-neighbour, the cold cohort against the content
@@ -485,12 +495,12 @@ def target_lines(rows: list[dict]) -> list[str]:
     def ratio(a: float | None, b: float | None) -> str:
         return "-" if a is None or not b else f"{a / b:.2f}x"
 
+    def both(rs: list[dict], ref: dict) -> str:
+        return " / ".join(ratio(mean(rs, k), ref.get(k)) for k in ("recall@10", "ndcg@10")) if ref else "-"
+
     groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for r in rows:
-        m = r["method"]
-        kind = ("sasrec" if m == "sasrec" else "content" if m.startswith("content") else
-                "default" if m.startswith("gencli") and " + rl" in m and not m.split(" + rl")[1].startswith(" model")
-                else "alone" if m.startswith("gencli") and " + rl model alone" in m else None)
+        kind = row_kind(r["method"])
         if kind:
             groups.setdefault((r["dataset"], r["policy"]), {}).setdefault(kind, []).append(r)
     lines = ["| dataset | policy | seeds | default R@10 / N@10 | vs SASRec | vs content NN | model alone vs SASRec | "
@@ -499,18 +509,15 @@ def target_lines(rows: list[dict]) -> list[str]:
         d, a, c = g.get("default", []), g.get("alone", []), g.get("content", [])
         if not d:
             continue
-        sas = ({k: mean(g["sasrec"], k) for k in ("recall@10", "ndcg@10")} if g.get("sasrec") else
-               PUBLISHED_SASREC.get((ds, policy), {}))
-        seeds = sorted({r["seed"] for r in d})
-        cell = lambda rs, k: "-" if mean(rs, k) is None else f"{mean(rs, k):.4f}"  # noqa: E731
-        both = lambda rs, ref: f"{ratio(mean(rs, 'recall@10'), ref.get('recall@10'))} / " \
-            f"{ratio(mean(rs, 'ndcg@10'), ref.get('ndcg@10'))}"  # noqa: E731
+        ran = g.get("sasrec")
+        sas = {k: mean(ran, k) for k in ("recall@10", "ndcg@10")} if ran else PUBLISHED_SASREC.get((ds, policy), {})
         content = {k: mean(c, k) for k in ("recall@10", "ndcg@10")} if c else {}
-        lines.append(f"| {ds} | {policy} | {','.join(map(str, seeds))} | {cell(d, 'recall@10')} / "
-                     f"{cell(d, 'ndcg@10')} | {both(d, sas) if sas else '-'}{'' if g.get('sasrec') or not sas else ' (recorded)'} | "
-                     f"{both(d, content)} | {both(a, sas) if sas else '-'} | "
-                     f"{ratio(mean(d, 'cold_recall@10'), mean(c, 'cold_recall@10'))} | "
-                     f"{spread(d, 'recall@10')}, {spread(d, 'ndcg@10')} |")
+        seeds = ",".join(map(str, sorted({r["seed"] for r in d})))
+        cells = [ds, policy, seeds, f"{mean(d, 'recall@10'):.4f} / {mean(d, 'ndcg@10'):.4f}",
+                 both(d, sas) + ("" if ran or not sas else " (recorded)"), both(d, content), both(a, sas),
+                 ratio(mean(d, "cold_recall@10"), mean(c, "cold_recall@10")),
+                 f"{spread(d, 'recall@10')}, {spread(d, 'ndcg@10')}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

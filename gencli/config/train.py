@@ -100,7 +100,8 @@ VALIDATED = ("sft", "rl")  # the training steps that validate and stop early
 SFT_MAX_EPOCHS = 10.0  # sft's epoch cap with --epochs 0 (auto): a maximum; patience normally stops it earlier
 EVALS_PER_EPOCH = 1  # sft validations per epoch with --eval-every 0 (research/blend/NOTES.md)
 EVAL_USERS = 2000  # validation users: all up to this, above it a subsample fixed whatever the seed; on 500 users
-# the standard error of a validation Recall@5 of 0.18 is 9% of it, as much as checkpoints differ (research/seeds/NOTES.md)
+# the standard error of a validation Recall@5 of 0.18 is 9% of it, as much as checkpoints differ
+# (research/seeds/NOTES.md)
 PATIENCE = 2  # sft validations without a new best before stopping (two epochs at the default cadence)
 MIN_EVALS = 4  # sft validations before patience may stop it (with the plateau rule, core/train/plateau.py)
 DROPOUT = 0.0  # sft's: 0.1 was level on the sample and lost 6-18% of the model's validation recall on ML-100k
@@ -115,7 +116,7 @@ LR = 1e-3  # cpt's and sft's peak learning rate with --lr 0 (auto)
 RL_LR = 1e-4  # rl's: it moves a trained model, with a loss whose gradients do not shrink as cpt's and sft's do
 RL_EPOCHS = 1.0  # rl's epoch cap with --epochs 0 (auto): one pass over its prompts
 RL_TARGETS = 2  # rl prompts per user, its latest training targets: 2 keeps rl within half of sft's time on the sample
-RL_MAX_PROMPTS = 16384  # rl prompts at most: about half of sft's time on Beauty's 22k users (docs/benchmarks.md)
+RL_MAX_PROMPTS = 16384  # rl prompts at most: 0.19-0.25x sft's training time on Beauty's 22k users (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
 """The numbers of a ``{"kind": "train"}`` line of ``metrics.jsonl``, as the training loop writes them."""
 BUDGET_REASONS = {"max_steps": "reached its step budget", "epochs": "reached its epoch budget"}  # stop_reason's words
 TRAINING_SUMMARY = ("steps", "max_steps", "epochs", "stopped_early", "stop_reason", "peak_step", "peak_recall@5",
-                    "peak_ndcg@10", "start_ndcg@10", "final_ndcg@10", "final_recall@5", "train_loss", "tokens_per_s", "train_time_s",
-                    "started_from")
+                    "peak_ndcg@10", "start_ndcg@10", "final_ndcg@10", "final_recall@5", "train_loss", "tokens_per_s",
+                    "train_time_s", "started_from")
 """The training step's metrics the report shows next to its curves (those the step has)."""
 EXAMPLE_USERS = 3
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from gencli.core.infer.blend import FIT_K, Candidates, content_ranking, history_buckets, target_ranks
 from gencli.core.infer.content import COLD_BOOSTS, WEIGHTS, Blend
-from gencli.core.infer.metrics import HISTORY_BUCKETS, ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.metrics import HISTORY_BUCKETS, gains_at_k, hits_at_k, ndcg_at_k, rank_of_target, recall_at_k
 
 COLD_MAX_COUNT = 1  # a cold user's target was a training target at most this many times (cold-eval's default)
 COLD_TOLERANCE = 0.005  # the cold users choose among points within this share of the best validation score; ...
@@ -55,9 +55,12 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
     if boosts is None:
         boosts = COLD_BOOSTS if c.evidence is not None else (0.0,)
     use_cold = cold is not None and int(np.sum(cold)) >= MIN_COLD_USERS
+    may_widen = use_cold and int(np.sum(cold)) >= MIN_WIDEN_USERS
     table: list[dict] = []
-    points: list[tuple[tuple, Blend, float]] = []  # (tie-break key, blend, cold score)
-    per_user: list[np.ndarray] = []  # each point's Recall@k + NDCG@k per user (the paired test of the cold rule)
+    keys: list[tuple] = []  # per point: (Recall@k + NDCG@k, then the tie-breaks)
+    blends: list[Blend] = []
+    colds: list[float] = []  # per point: the cold users' Recall@k + NDCG@k (0 when they have no say)
+    per_user: list[np.ndarray] = []  # with may_widen, per point each user's hit@k + NDCG@k (the paired test)
     with_prefix = any(np.isfinite(v).any() for v in c.prefix.values())
     for weight in grid:
         prefixes = [p for p in grid if p <= round(1 - weight, 4)] if with_prefix else [0.0]
@@ -70,38 +73,48 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
                     row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
                     cold_score = 0.0
                     if use_cold:
-                        per_user.append(user_scores(ranks, k))
                         row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
                         row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
                         cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
+                    if may_widen:
+                        per_user.append(user_scores(ranks, k))
                     table.append(row)
-                    key = (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2), -b)
-                    points.append((key, blend, cold_score))
-    if not points:
+                    keys.append((round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2), -b))
+                    blends.append(blend)
+                    colds.append(cold_score)
+    if not blends:
         raise ValueError("fit_blend: no blend to try")
-    index = list(range(len(points)))
+    index = list(range(len(blends)))
     if use_cold and cold_floor is not None:
-        index = [i for i in index if points[i][2] >= round(cold_floor, 12)] or \
-            [max(index, key=lambda i: (points[i][2], points[i][0]))]
-    best = max(index, key=lambda i: points[i][0])
+        index = [i for i in index if colds[i] >= round(cold_floor, 12)] or \
+            [max(index, key=lambda i: (colds[i], keys[i]))]
+    best = max(index, key=keys.__getitem__)
     if use_cold:
-        by_cold = lambda i: (points[i][2], points[i][0])  # noqa: E731
-        floor = points[best][0][0] * (1 - COLD_TOLERANCE)
-        choice = max((i for i in index if points[i][0][0] >= floor), key=by_cold)
-        text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean()
-        if points[choice][2] < round(text, 12) and int(np.sum(cold)) >= MIN_WIDEN_USERS:
-            near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
-            wide = [i for i, ok in zip(index, near, strict=True) if ok]
-            reach = [i for i in wide if points[i][2] >= round(text, 12)]
-            choice = max(reach, key=lambda i: points[i][0]) if reach else max(wide, key=by_cold)
-        best = choice
-    return points[best][1], table
+        text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean() if may_widen else None
+        best = cold_choice(index, best, keys, colds, per_user, text)
+    return blends[best], table
+
+
+def cold_choice(index: list[int], best: int, keys: list[tuple], colds: list[float], per_user: list[np.ndarray],
+                text: float | None) -> int:
+    """fit_blend's point for the cold users, of the points ``index``: the best for them within COLD_TOLERANCE of
+    ``best``; where that is below ``text`` (the content nearest-neighbour's score for them; None: too few of them
+    to widen), the best overall of the points :func:`indistinguishable` from ``best`` that reach ``text``, else the
+    best for them among those."""
+    by_cold = lambda i: (colds[i], keys[i])  # noqa: E731
+    floor = keys[best][0] * (1 - COLD_TOLERANCE)
+    choice = max((i for i in index if keys[i][0] >= floor), key=by_cold)
+    if text is None or colds[choice] >= round(text, 12):
+        return choice
+    near = indistinguishable(np.stack([per_user[i] for i in index]), index.index(best))
+    wide = [i for i, ok in zip(index, near, strict=True) if ok]
+    reach = [i for i in wide if colds[i] >= round(text, 12)]
+    return max(reach, key=keys.__getitem__) if reach else max(wide, key=by_cold)
 
 
 def user_scores(ranks: np.ndarray, k: int) -> np.ndarray:
     """Each user's hit@k + NDCG@k (their means are Recall@k + NDCG@k)."""
-    hit = (ranks >= 1) & (ranks <= k)
-    return np.where(hit, 1.0 + 1.0 / np.log2(np.maximum(ranks, 1) + 1.0), 0.0)
+    return hits_at_k(ranks, k) + gains_at_k(ranks, k)
 
 
 def indistinguishable(scores: np.ndarray, best: int) -> np.ndarray:

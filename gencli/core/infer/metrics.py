@@ -35,20 +35,26 @@ def rank_of_target(pred_items: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, 0).astype(np.int64)
 
 
+def hits_at_k(ranks: np.ndarray, k: int) -> np.ndarray:
+    """Per user, whether the target is in the top k (bool): their mean is Recall@k."""
+    ranks = np.asarray(ranks)
+    return (ranks >= 1) & (ranks <= k)
+
+
+def gains_at_k(ranks: np.ndarray, k: int) -> np.ndarray:
+    """Per user, 1/log2(rank+1) when the target is in the top k, else 0: their mean is NDCG@k."""
+    ranks = np.asarray(ranks)
+    return np.where(hits_at_k(ranks, k), 1.0 / np.log2(np.maximum(ranks, 1) + 1.0), 0.0)
+
+
 def recall_at_k(ranks: np.ndarray, k: int) -> float:
     """Fraction of users whose target is in the top k (0.0 for no users)."""
-    ranks = np.asarray(ranks)
-    return float(np.mean((ranks >= 1) & (ranks <= k))) if ranks.size else 0.0
+    return float(np.mean(hits_at_k(ranks, k))) if np.size(ranks) else 0.0
 
 
 def ndcg_at_k(ranks: np.ndarray, k: int) -> float:
     """Mean of 1/log2(rank+1) over users whose target is in the top k, 0 for the others."""
-    ranks = np.asarray(ranks)
-    if not ranks.size:
-        return 0.0
-    hit = (ranks >= 1) & (ranks <= k)
-    gains = np.where(hit, 1.0 / np.log2(np.maximum(ranks, 1) + 1.0), 0.0)
-    return float(gains.mean())
+    return float(gains_at_k(ranks, k).mean()) if np.size(ranks) else 0.0
 
 
 def _block(ranks: np.ndarray, ks: tuple[int, ...] | list[int]) -> dict:

@@ -179,19 +179,19 @@ class MetricsLog:
         self._file.close()
 
 
-def validation_value(path: Path, step: int | None, key: str) -> float | None:
-    """``key`` of the last validation record at ``step`` in metrics.jsonl ``path`` (None when there is none): a
-    metric beside the one that picked the checkpoint, e.g. the best NDCG@10 checkpoint's Recall@5."""
-    if step is None or not path.is_file():
-        return None
-    found = None
+def validation_records(path: Path) -> dict[int, dict[str, Any]]:
+    """The last validation record of each step in metrics.jsonl ``path`` (empty when there is none): the metrics
+    beside the one that picked a checkpoint, e.g. the best NDCG@10 checkpoint's Recall@5."""
+    found: dict[int, dict[str, Any]] = {}
+    if not path.is_file():
+        return found
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:  # a line cut short by a kill
             continue
-        if rec.get("kind") == "valid" and rec.get("step") == step and key in rec:
-            found = rec[key]
+        if rec.get("kind") == "valid":
+            found[rec.get("step")] = rec
     return found
 
 

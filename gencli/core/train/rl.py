@@ -16,7 +16,6 @@ rl never trades the cold cohort, nor the overall list, for its gain.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,8 @@ from gencli.core.train.loop import fit
 from gencli.core.train.preference import PreferenceLoss
 from gencli.core.train.samples import PromptExamples
 from gencli.core.train.sft import Validation, content_ranker, load_sids, prior_events, sid_rows, write_ranking
-from gencli.errors import InputError
+from gencli.errors import ArtifactError, InputError
+from gencli.fileio import parse_json
 
 EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
 
@@ -137,7 +137,14 @@ def read_blend(step_dir: Path | None) -> dict[str, Any] | None:
     path = None if step_dir is None else Path(step_dir) / artifacts.BLEND
     if path is None or not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        record = parse_json(path.read_text(encoding="utf-8"))
+        if not isinstance(record["fit"]["valid"]["blend"], dict):  # what rl compares with
+            raise ValueError("fit.valid.blend is not an object")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {Path(step_dir).name} --force`") \
+            from None
+    return record
 
 
 def objective(scores: dict[str, Any], prefix: str = "") -> float:
@@ -181,9 +188,9 @@ def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: di
 
 
 def copy_start(start_dir: Path, out_dir: Path) -> None:
-    """Make the start step's model, blend and prior rl's outputs (rl did not beat it)."""
+    """Make the start step's model, blend and prior rl's outputs (rl did not beat it). ``out_dir`` is the step's
+    staging folder, published whole, so only the model folder fit wrote needs replacing in one piece."""
     save_atomic(out_dir / artifacts.MODEL_DIR,
                 lambda tmp: shutil.copytree(Path(start_dir) / artifacts.MODEL_DIR, tmp, dirs_exist_ok=True))
     for name in (artifacts.BLEND, artifacts.ITEM_PRIOR):
-        shutil.copyfile(Path(start_dir) / name, out_dir / f".{name}.tmp")
-        (out_dir / f".{name}.tmp").replace(out_dir / name)
+        shutil.copyfile(Path(start_dir) / name, out_dir / name)

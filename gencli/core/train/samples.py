@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from gencli.config.train import SFT_SAMPLES
+from gencli.core.infer.metrics import seeded_subsample
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import SidVocab, build_example, build_prompt
 
@@ -114,7 +115,8 @@ class SftExamples:
 
 class PromptExamples:
     """rl's examples: one per training target among each user's latest ``per_user`` ones (0 = all), its history the
-    items before it; at most ``max_prompts`` of them (0 = all), a subsample seeded by ``seed``, in log order. ``example(i)`` is the sft prefix sample (prompt + target SID, for batching and token counts);
+    items before it; at most ``max_prompts`` of them (0 = all), a subsample seeded by ``seed``, in log order.
+    ``example(i)`` is the sft prefix sample (prompt + target SID, for batching and token counts);
     :mod:`gencli.core.train.preference` reads :meth:`prompt`, :meth:`target` and :meth:`history` (the items a rollout
     must not recommend: the whole history before the target, as recommend masks it)."""
 
@@ -125,9 +127,8 @@ class PromptExamples:
         self.offsets = np.cumsum(lengths) - lengths
         self.item_tokens, self.bos_id, self.max_history = item_tokens, vocab.bos_id, max_history
         self.rows, self.positions = prefix_positions(lengths, per_user)
-        if 0 < max_prompts < len(self.rows):
-            keep = np.sort(np.random.default_rng(seed).choice(len(self.rows), max_prompts, replace=False))
-            self.rows, self.positions = self.rows[keep], self.positions[keep]
+        keep = seeded_subsample(len(self.rows), max_prompts, seed)
+        self.rows, self.positions = self.rows[keep], self.positions[keep]
         bos = 0 if vocab.bos_id is None else 1
         self._lengths = bos + (np.minimum(self.positions, max_history) + 1) * item_tokens.shape[1]
 

@@ -51,7 +51,7 @@ from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
-from gencli.core.train.checkpoints import validation_value
+from gencli.core.train.checkpoints import validation_records
 from gencli.core.train.loop import fit
 from gencli.core.train.plateau import PLATEAU_MARGIN, LevelLoss, frequency_ce, left_plateau
 from gencli.core.train.samples import SftExamples
@@ -65,8 +65,8 @@ VALID_FIT_STEP = 0.25  # the blend grid of each validation (the final fit, after
 
 class Validation:
     """sft's validation: NDCG@10 and Recall@5/10 (@20 when the beam allows) of the valid users (a subsample of
-    ``cfg.eval_users`` fixed by VALID_SEED above that many), decoded by the same :class:`~gencli.core.infer.evaluate.Evaluator` as
-    ``gencli eval``. With a ``ranker`` it scores what is served: seen items masked, ranked by the blend of model and
+    ``cfg.eval_users`` fixed by VALID_SEED above that many), decoded by the same
+    :class:`~gencli.core.infer.evaluate.Evaluator` as ``gencli eval``. With a ``ranker`` it scores what is served: seen items masked, ranked by the blend of model and
     content fitted on these users (a coarse grid, VALID_FIT_STEP); the model alone is reported beside it, and the
     best validation's candidates are kept for the final fit (:meth:`final_blend`)."""
 
@@ -311,7 +311,7 @@ def run(
                                              events)
         fit_seconds = round(time.perf_counter() - started, 3)  # in the metrics, not the file: reruns write equal bytes
         write_ranking(out_dir, blends, stats)
-    log = out_dir / artifacts.METRICS_JSONL
+    records = validation_records(out_dir / artifacts.METRICS_JSONL)
     warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
         **({"warnings": warnings} if warnings else {}),
@@ -330,8 +330,8 @@ def run(
         "select_metric": EVAL_METRIC,
         "final_ndcg@10": curve[-1][EVAL_METRIC] if curve else None,
         "peak_ndcg@10": summary[f"best_{EVAL_METRIC}"],
-        "final_recall@5": validation_value(log, curve[-1]["step"], "recall@5") if curve else None,
-        "peak_recall@5": validation_value(log, summary["best_step"], "recall@5"),
+        "final_recall@5": records.get(curve[-1]["step"], {}).get("recall@5") if curve else None,
+        "peak_recall@5": records.get(summary["best_step"], {}).get("recall@5"),
         "peak_step": summary["best_step"],
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
         **({"blend": blends["blends"]["exclude_seen"], "valid_blend": blends["fit"]["valid"],
