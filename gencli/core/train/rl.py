@@ -90,7 +90,7 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
         floors = cold_floors(start_blend, evaluate)
         blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events,
                                              cold_floors=floors or None)
-        guard = keep_better(blends, start_blend, floors, summary["best_step"])
+        guard = keep_better(blends, start_blend, floors)
     if guard["kept"] == "sft":
         if dist.is_main():  # under torchrun, rank 0 writes the step's files, as fit does
             copy_start(start_dir, out_dir)
@@ -166,12 +166,11 @@ def cold_floors(start: dict[str, Any] | None, evaluate: Validation) -> dict[str,
     return out
 
 
-def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: dict[str, float],
-                peak_step: int | None) -> dict[str, Any]:
+def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: dict[str, float]) -> dict[str, Any]:
     """Whether rl's model and blend beat the start's on the served validation (seen items masked; the same users):
-    Recall@FIT_K + NDCG@FIT_K of the blend, and the cold users' score at least the floor. A model equal to the start
-    (no update won, ``peak_step`` 0) is kept as rl's, blend refitted; so is everything when there is no comparable
-    start record."""
+    Recall@FIT_K + NDCG@FIT_K of the blend, and the cold users' score at least the floor. Without a comparable start
+    record rl's are kept. (A model equal to the start's never gets here: :func:`run` keeps the start's as they are;
+    an average of the start with later checkpoints does, and is compared like any update.)"""
     ours = blends["fit"]["valid"]["blend"]
     record: dict[str, Any] = {"kept": "rl", "rl_valid": objective(ours)}
     if start is None or start["fit"].get("users") != blends["fit"]["users"]:
@@ -182,7 +181,7 @@ def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: di
                     for scores in [blends["fit"]["valid" if policy == "exclude_seen" else "valid_include_seen"]
                                    ["blend"]])
     record["cold_kept"] = cold_kept
-    if peak_step and (record["rl_valid"] < record["start_valid"] or not cold_kept):
+    if record["rl_valid"] < record["start_valid"] or not cold_kept:
         record["kept"] = "sft"
     return record
 

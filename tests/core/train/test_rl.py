@@ -21,6 +21,7 @@ from gencli.core.lm.prompt import build_prompt, item_token_ids, load_sid_vocab
 from gencli.core.train import preference, rl
 from gencli.core.train.batches import collate
 from gencli.core.train.samples import PromptExamples
+from gencli.errors import ArtifactError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -273,11 +274,10 @@ def test_keep_better_compares_served_validation_and_the_cold_floors():
     floors = rl.cold_floors(start, _Users(100))
     assert floors == {"exclude_seen": 0.3, "include_seen": 0.3}
     assert rl.cold_floors(start, _Users(99)) == {}  # other users: nothing to compare
-    assert rl.keep_better(rec(0.31, 0.15, 0.20, 0.10), start, floors, 5)["kept"] == "rl"
-    assert rl.keep_better(rec(0.29, 0.15, 0.20, 0.10), start, floors, 5)["kept"] == "sft"
-    assert rl.keep_better(rec(0.40, 0.20, 0.19, 0.10), start, floors, 5)["kept"] == "sft"  # the cold users fell
-    assert rl.keep_better(rec(0.29, 0.15, 0.20, 0.10), start, floors, 0)["kept"] == "rl"  # the start model itself
-    assert rl.keep_better(rec(0.29, 0.15), None, {}, 5) == {"kept": "rl", "rl_valid": 0.44, "compared": False}
+    assert rl.keep_better(rec(0.31, 0.15, 0.20, 0.10), start, floors)["kept"] == "rl"
+    assert rl.keep_better(rec(0.29, 0.15, 0.20, 0.10), start, floors)["kept"] == "sft"
+    assert rl.keep_better(rec(0.40, 0.20, 0.19, 0.10), start, floors)["kept"] == "sft"  # the cold users fell
+    assert rl.keep_better(rec(0.29, 0.15), None, {}) == {"kept": "rl", "rl_valid": 0.44, "compared": False}
 
 
 class _Users:
@@ -285,3 +285,11 @@ class _Users:
 
     def __init__(self, n):
         self.evaluator = type("E", (), {"targets": list(range(n))})()
+
+
+def test_a_damaged_start_blend_is_named_with_the_fix(tmp_path):
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / artifacts.BLEND).write_text('{"fit": {"valid": {}}}')
+    with pytest.raises(ArtifactError, match=r"sft/blend.json is damaged .*gencli sft --force"):
+        rl.read_blend(tmp_path / "sft")
+    assert rl.read_blend(tmp_path / "missing") is None
