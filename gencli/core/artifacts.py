@@ -23,7 +23,7 @@ TOKEN_MAP = "token_map.json"  # {"levels": [K_0, .., K_{L-1}, K_dedup], "tokens"
 
 # init-vocab/, cpt/, sft/
 MODEL_DIR = "model"  # plain HF folder (model + tokenizer); from_pretrained works without gencli
-BLEND = "blend.json"  # sft: {"exclude_seen": blend, "include_seen": blend, "fit": {...}} (core/infer/blend.py)
+BLEND = "blend.json"  # sft, rl: {"blends": {policy: blend}, "by_history", "fit", "prior"} (core/infer/blendfile.py)
 ITEM_PRIOR = "item_prior.npy"  # sft, rl: float64 [2, n_items]: row 0 training-target counts, row 1 the no-history
 #                                prior (core/infer/prior.py); the ranking's evidence about each item
 SID_VOCAB = "sid_vocab.json"  # {"token_ids": [[id of <sid_l_k> for k] for l incl. dedup], "bos_id": int|null,

@@ -131,10 +131,10 @@ def trained_history(step: str, record: dict[str, Any]) -> int:
 def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_tokens):
     """The :class:`~gencli.core.infer.blend.Ranker` of a model folder (its blend.json when ``ranking`` is auto)."""
     from gencli.core import artifacts
-    from gencli.core.infer.blend import Ranker, first_groups, read_blends, read_history_blends
+    from gencli.core.infer.blend import Ranker, first_groups
+    from gencli.core.infer.blendfile import BlendFile
     from gencli.core.infer.content import ContentScorer
     from gencli.core.infer.prior import read_item_prior
-    from gencli.fileio import parse_json
 
     if vectors.shape[0] != len(item_tokens):
         raise ArtifactError(f"embed has vectors for {vectors.shape[0]} items but quantize has SIDs for "
@@ -143,10 +143,9 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
     path = model_folder / artifacts.BLEND
     if ranking == "auto" and path.is_file():
         try:
-            record = parse_json(path.read_text(encoding="utf-8"))
-            blends = read_blends(record.get("blends"), str(path))
-            by_history = read_history_blends(record.get("by_history"), str(path))
-        except (ValueError, AttributeError, UnicodeDecodeError, TypeError, OverflowError) as exc:
+            record = BlendFile.read(path)
+            blends, by_history = record.blends, record.by_history
+        except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:
             raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
     try:
         counts, prior = read_item_prior(model_folder / artifacts.ITEM_PRIOR, len(item_tokens))

@@ -157,13 +157,20 @@ BLOCKS = ("overall", "head", "torso", "tail", "model_only", "content_baseline", 
 def blend(workdir: Path, problems: Problems) -> dict[str, Any] | None:
     """The fitted shares of the newest model step's ``blend.json`` (rl over sft), and what validation said."""
     from gencli.core.artifacts import BLEND
+    from gencli.core.infer.blendfile import BlendFile
 
     for step in ("rl", "sft"):
-        data = problems.read(workdir / step / BLEND)
-        if isinstance(data, dict) and isinstance(data.get("blends"), dict):
-            fit = data.get("fit") if isinstance(data.get("fit"), dict) else {}
-            return {"step": step, "blends": data["blends"], "valid": fit.get("valid"),
-                    "valid_include_seen": fit.get("valid_include_seen"), "users": fit.get("users")}
+        path = workdir / step / BLEND
+        if not path.is_file():
+            continue
+        try:
+            record = BlendFile.read(path)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, OverflowError) as error:
+            problems.append({"file": str(path), "error": f"{type(error).__name__}: {error}"})
+            continue
+        fit = record.fit or {}
+        return {"step": step, "blends": {p: b.to_dict() for p, b in record.blends.items()}, "valid": fit.get("valid"),
+                "valid_include_seen": fit.get("valid_include_seen"), "users": record.users}
     return None
 
 

@@ -229,32 +229,6 @@ def policy(exclude_seen: bool) -> str:
     return POLICIES[0] if exclude_seen else POLICIES[1]
 
 
-def read_history_blends(record: object, where: str) -> dict[str, dict[str, Blend]] | None:
-    """{policy: {bucket: Blend}} from blend.json's "by_history" (None when absent: files from before it)."""
-    if record is None:
-        return None
-    labels = {label for label, _, _ in HISTORY_BUCKETS}
-    if not isinstance(record, dict) or not set(record) <= set(POLICIES) or not all(
-            isinstance(v, dict) and set(v) <= labels for v in record.values()):
-        raise ValueError(f"{where}: by_history must map a policy to {{bucket ({', '.join(sorted(labels))}): blend}}, "
-                         f"got {str(record)[:200]}")
-    try:
-        return {p: {label: Blend.from_dict(b) for label, b in v.items()} for p, v in record.items()}
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: by_history: {exc}") from None
-
-
-def read_blends(record: object, where: str) -> dict[str, Blend]:
-    """{policy: Blend} from a JSON record {"exclude_seen": {...}, "include_seen": {...}} (ValueError naming
-    ``where`` and the field)."""
-    if not isinstance(record, dict) or set(record) != set(POLICIES):
-        raise ValueError(f"{where} must hold one blend per policy ({', '.join(POLICIES)}), got {record!r}")
-    try:
-        return {p: Blend.from_dict(record[p]) for p in POLICIES}
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
-
-
 @dataclass
 class Ranker:
     """Content scorer + first-code groups + the fitted blends: turns a beam search's output into gencli's ranking.

@@ -341,7 +341,8 @@ def _tokens(path: Path, codes: np.ndarray, vocab: Any) -> np.ndarray:
 def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     """The bundle's ranker: EMBEDDINGS (one row per item) and the blends of BLEND; a bundle without EMBEDDINGS ranks
     by the model alone (bundles exported before the blend), one without BLEND by the model with content beside it."""
-    from gencli.core.infer.blend import Ranker, first_groups, read_blends, read_history_blends
+    from gencli.core.infer.blend import Ranker, first_groups
+    from gencli.core.infer.blendfile import BlendFile
     from gencli.core.infer.content import ContentScorer
     from gencli.core.infer.prior import read_item_prior
 
@@ -359,10 +360,8 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     blend_file = Path(path) / artifacts.BLEND
     if blend_file.is_file():
         try:
-            record = parse_json(blend_file.read_text(encoding="utf-8"))
-            blends = read_blends(record.get("blends") if isinstance(record, dict) else record, artifacts.BLEND)
-            by_history = read_history_blends(record.get("by_history") if isinstance(record, dict) else None,
-                                             artifacts.BLEND)
+            record = BlendFile.read(blend_file, artifacts.BLEND)
+            blends, by_history = record.blends, record.by_history
         except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:  # 1e400 as an int overflows
             raise _bad(path, f"{artifacts.BLEND} is damaged ({_shown(str(exc), 200)})") from None
     try:

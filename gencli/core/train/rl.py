@@ -27,7 +27,7 @@ import torch
 from gencli.config import TrainConfig
 from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device
-from gencli.core.infer.blend import FIT_K
+from gencli.core.infer.blendfile import BlendFile
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
 from gencli.core.progress import SILENT, Progress
@@ -38,7 +38,6 @@ from gencli.core.train.preference import PreferenceLoss
 from gencli.core.train.samples import PromptExamples
 from gencli.core.train.sft import Validation, content_ranker, load_sids, prior_events, sid_rows, write_ranking
 from gencli.errors import ArtifactError, InputError
-from gencli.fileio import parse_json
 
 EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
 
@@ -114,8 +113,8 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
         # over the rollouts of this process (since a resume: of this attempt only)
         "rollout_hit_rate": stats["target_in_rollouts"] / stats["prompts"] if stats["prompts"] else None,
         "rollout_first_rate": stats["target_first"] / stats["prompts"] if stats["prompts"] else None,
-        "blend": blends["blends"]["exclude_seen"],
-        "valid_blend": blends["fit"]["valid"],
+        "blend": blends.blends["exclude_seen"].to_dict(),
+        "valid_blend": blends.fit["valid"],
     }
 
 
@@ -132,54 +131,40 @@ def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILEN
     return {"started_from": inputs.model_step, **metrics}
 
 
-def read_blend(step_dir: Path | None) -> dict[str, Any] | None:
-    """The ``blend.json`` record of a model step's folder, or None (no folder, or a step without a content blend)."""
+def read_blend(step_dir: Path | None) -> BlendFile | None:
+    """The ``blend.json`` of a model step's folder, or None (no folder, or a step without a content blend)."""
     path = None if step_dir is None else Path(step_dir) / artifacts.BLEND
     if path is None or not path.is_file():
         return None
     try:
-        record = parse_json(path.read_text(encoding="utf-8"))
-        if not isinstance(record["fit"]["valid"]["blend"], dict):  # what rl compares with
-            raise ValueError("fit.valid.blend is not an object")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        record = BlendFile.read(path)
+        if record.fit is None:  # what rl compares with
+            raise ValueError("fit is missing")
+    except (ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {Path(step_dir).name} --force`") \
             from None
     return record
 
 
-def objective(scores: dict[str, Any], prefix: str = "") -> float:
-    """Recall@FIT_K + NDCG@FIT_K of a validation score block (``prefix`` "cold_": its cold users'), as fit_blend
-    rounds it."""
-    return round(scores[f"{prefix}recall@{FIT_K}"] + scores[f"{prefix}ndcg@{FIT_K}"], 12)
-
-
-def cold_floors(start: dict[str, Any] | None, evaluate: Validation) -> dict[str, float]:
+def cold_floors(start: BlendFile | None, evaluate: Validation) -> dict[str, float]:
     """Per seen-item policy, the cold validation users' score under the start model's blend: the floor rl's blend
     must keep. Empty when the start's fit had no cold score or judged other users (its --eval-users differ)."""
-    if start is None or start["fit"].get("users") != len(evaluate.evaluator.targets):
+    if start is None or start.users != len(evaluate.evaluator.targets):
         return {}
-    out = {}
-    for policy, key in (("exclude_seen", "valid"), ("include_seen", "valid_include_seen")):
-        scores = start["fit"].get(key, {}).get("blend", {})
-        if f"cold_ndcg@{FIT_K}" in scores:
-            out[policy] = objective(scores, "cold_")
-    return out
+    floors = {policy: start.score(policy, cold=True) for policy in ("exclude_seen", "include_seen")}
+    return {policy: floor for policy, floor in floors.items() if floor is not None}
 
 
-def keep_better(blends: dict[str, Any], start: dict[str, Any] | None, floors: dict[str, float]) -> dict[str, Any]:
+def keep_better(blends: BlendFile, start: BlendFile | None, floors: dict[str, float]) -> dict[str, Any]:
     """Whether rl's model and blend beat the start's on the served validation (seen items masked; the same users):
     Recall@FIT_K + NDCG@FIT_K of the blend, and the cold users' score at least the floor. Without a comparable start
     record rl's are kept. (A model equal to the start's never gets here: :func:`run` keeps the start's as they are;
     an average of the start with later checkpoints does, and is compared like any update.)"""
-    ours = blends["fit"]["valid"]["blend"]
-    record: dict[str, Any] = {"kept": "rl", "rl_valid": objective(ours)}
-    if start is None or start["fit"].get("users") != blends["fit"]["users"]:
+    record: dict[str, Any] = {"kept": "rl", "rl_valid": blends.score()}
+    if start is None or start.users != blends.users:
         return {**record, "compared": False}
-    theirs = start["fit"]["valid"]["blend"]
-    record.update(compared=True, start_valid=objective(theirs), cold_floors=floors)
-    cold_kept = all(objective(scores, "cold_") >= floor for policy, floor in floors.items()
-                    for scores in [blends["fit"]["valid" if policy == "exclude_seen" else "valid_include_seen"]
-                                   ["blend"]])
+    record.update(compared=True, start_valid=start.score(), cold_floors=floors)
+    cold_kept = all(blends.score(policy, cold=True) >= floor for policy, floor in floors.items())
     record["cold_kept"] = cold_kept
     if record["rl_valid"] < record["start_valid"] or not cold_kept:
         record["kept"] = "sft"

@@ -40,6 +40,7 @@ from gencli.core.infer.blend import (
     first_groups,
     target_ranks,
 )
+from gencli.core.infer.blendfile import BlendFile
 from gencli.core.infer.content import TEMPERATURES, ContentScorer
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit_by_history
@@ -110,7 +111,7 @@ class Validation:
 
     def final_blend(self, model_dir: Path, evals: int, best: float | None,
                     events: tuple[np.ndarray, np.ndarray] | None = None,
-                    cold_floors: dict[str, float] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+                    cold_floors: dict[str, float] | None = None) -> tuple[BlendFile, np.ndarray]:
         """(blend.json, item_prior.npy) of the best model: for each seen-item policy the blend fitted on the 0.1 grid
         to that policy's validation candidates (the masked ones of the best validation when this process ran every
         one, else decoded again from ``model_dir``: a resumed run; the ranked ones decoded once more), with the cold
@@ -136,29 +137,25 @@ class Validation:
         blends, scores, grids, by_history, buckets = {}, {}, {}, {}, {}
         for policy, c in cands.items():
             blend, grids[policy] = fit_blend(c, ev.targets, cold=cold, cold_floor=(cold_floors or {}).get(policy))
-            blends[policy] = blend.to_dict()
+            blends[policy] = blend
             scores[policy] = _scores(c, blend, ev.targets, cold)
-            own, buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blend)
-            by_history[policy] = {label: b.to_dict() for label, b in own.items()}
-        record: dict[str, Any] = {
-            "blends": blends,
-            "by_history": by_history,
-            "fit": {"split": "valid", "users": len(ev.targets), "cold_users": int(cold.sum()) if cold is not None
-                    else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
-                    "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
-                    "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
-                    "history_buckets": buckets, **({"cold_floors": cold_floors} if cold_floors else {}),
-                    "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"]}}
+            by_history[policy], buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blend)
+        fitted = {"split": "valid", "users": len(ev.targets), "cold_users": int(cold.sum()) if cold is not None
+                  else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
+                  "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
+                  "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
+                  "history_buckets": buckets, **({"cold_floors": cold_floors} if cold_floors else {}),
+                  "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"]}
         stats = np.zeros((2, len(self.item_tokens)), dtype=np.float64)
         if counts is not None:
             stats[0] = counts
         if events is not None:
             # every validation user (no decoding needed): a seeded subsample let one seed pick a 1-day half life
             half_life, stats[1], table = fit_prior(*events, stats[0], self.valid["target"].to_numpy())
-            record["prior"] = {"half_life_days": half_life, "events": "training targets", "valid": table}
+            prior = {"half_life_days": half_life, "events": "training targets", "valid": table}
         else:
-            stats[1] = stats[0]
-        return record, stats
+            stats[1], prior = stats[0], None
+        return BlendFile(blends, by_history, fitted, prior), stats
 
     def _candidates(self, evaluator: Evaluator, model: torch.nn.Module):
         return evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
@@ -177,9 +174,9 @@ def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str,
     return out
 
 
-def write_ranking(out_dir: Path, record: dict[str, Any], stats: np.ndarray) -> None:
+def write_ranking(out_dir: Path, record: BlendFile, stats: np.ndarray) -> None:
     """blend.json and item_prior.npy of a model step (sft, rl)."""
-    (out_dir / artifacts.BLEND).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    record.write(out_dir)
     np.save(out_dir / artifacts.ITEM_PRIOR, stats)
 
 
@@ -334,7 +331,7 @@ def run(
         "peak_recall@5": records.get(summary["best_step"], {}).get("recall@5"),
         "peak_step": summary["best_step"],
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
-        **({"blend": blends["blends"]["exclude_seen"], "valid_blend": blends["fit"]["valid"],
+        **({"blend": blends.blends["exclude_seen"].to_dict(), "valid_blend": blends.fit["valid"],
             "blend_fit_s": fit_seconds} if blends else {}),
     }
 

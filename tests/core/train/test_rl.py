@@ -16,6 +16,8 @@ from transformers import Qwen3ForCausalLM
 from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.infer.beam import constrained_beam_search
+from gencli.core.infer.blendfile import BlendFile
+from gencli.core.infer.content import MODEL_ONLY
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import build_prompt, item_token_ids, load_sid_vocab
 from gencli.core.train import preference, rl
@@ -268,7 +270,8 @@ def test_copy_start_replaces_rls_model_blend_and_prior(tmp_path):
 def test_keep_better_compares_served_validation_and_the_cold_floors():
     def rec(r, n, cr=None, cn=None, users=100):
         blend = {"recall@10": r, "ndcg@10": n, **({"cold_recall@10": cr, "cold_ndcg@10": cn} if cr is not None else {})}
-        return {"fit": {"users": users, "valid": {"blend": blend}, "valid_include_seen": {"blend": blend}}}
+        return BlendFile({"exclude_seen": MODEL_ONLY, "include_seen": MODEL_ONLY},
+                         fit={"users": users, "valid": {"blend": blend}, "valid_include_seen": {"blend": blend}})
 
     start = rec(0.30, 0.15, 0.20, 0.10)
     floors = rl.cold_floors(start, _Users(100))

@@ -156,7 +156,7 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
                            ranker=Ranker(ContentScorer(emb), first_groups(tokens),
                                          counts=train_target_counts(train, len(tokens))))
     again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_ndcg@10"])
-    assert again == record
+    assert again.to_json() == (tmp_path / "whole" / artifacts.BLEND).read_text() and json.loads(again.to_json()) == record
     assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()
     with pytest.raises(Exception, match="embed has vectors for 3 items"):
         sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "bad", embeddings=emb[:3])
