@@ -41,9 +41,8 @@ from gencli.core.data import tables
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.metrics import ndcg_at_k, recall_at_k
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab, sid_rows
 from gencli.core.sid import store
-from gencli.core.train.sft import sid_rows
 
 SUBSAMPLE_USERS = 400  # stamp.py recall's --eval-users
 RUN_SEED = re.compile(r"-s(\d+)$")  # stamp.py recall names a run's folder recall-VARIANT-sSEED

@@ -40,6 +40,7 @@ from gencli.core.stamp.sap import resolve
 from gencli.core.train import batches as train_batches
 from gencli.core.train import profile, sft
 from gencli.core.train.samples import SftExamples
+from gencli.core.train.validation import Validation
 
 
 def inputs(workdir: Path, model_step: str):
@@ -178,8 +179,8 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         settings = resolve(model, dataclasses.replace(stamp, map=False))
         with torch.no_grad():  # both on the reloaded float32 model, so only the pruning differs
             pruned_eval, full_eval = (
-                sft.Validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
-                               prune=prune)(model)["recall@5"] for prune in (settings, None))
+                Validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
+                           prune=prune)(model)["recall@5"] for prune in (settings, None))
         del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)

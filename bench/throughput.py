@@ -97,8 +97,8 @@ class HfLabelsLoss:
 def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_size: int, seed: int) -> float:
     """tokens/s of one fit() call, first step dropped."""
     from gencli.config import TrainConfig
+    from gencli.core.lm.prompt import sid_rows
     from gencli.core.train.loop import fit
-    from gencli.core.train.sft import sid_rows
     from gencli.core.train.step import make_loss
 
     cfg = TrainConfig(task="sft", max_steps=steps + 1, batch_size=batch_size, lr=1e-4, log_every=1,

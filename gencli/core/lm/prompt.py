@@ -47,6 +47,12 @@ class SidVocab:
         return len(self.token_ids)
 
 
+def sid_rows(vocab: SidVocab) -> list[int]:
+    """Vocabulary rows of every SID token (all levels incl. dedup), ascending: what ``--sid-softmax`` normalises
+    over."""
+    return sorted({t for level in vocab.token_ids for t in level})
+
+
 def load_sid_vocab(path: Path | str) -> SidVocab:
     """Read ``sid_vocab.json``; ArtifactError naming the file when missing or malformed."""
     path = Path(path)

@@ -1,7 +1,7 @@
-"""THE training loop shared by cpt and sft.
+"""THE training loop shared by cpt, sft and rl.
 
 :func:`fit` runs AdamW with warmup + cosine/linear decay, gradient accumulation,
-clipping and (on CUDA) bf16 autocast over length-bucketed batches. cpt and sft differ
+clipping and (on CUDA) bf16 autocast over length-bucketed batches. cpt, sft and rl differ
 only in what they pass in: examples, trainable parameters (``param_groups``), loss and
 callbacks. No trainer class hierarchy (torchtune style).
 

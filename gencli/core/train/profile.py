@@ -50,12 +50,11 @@ import torch
 from gencli.config import ProfileConfig, TrainConfig
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab, sid_rows
 from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import collate, epoch_batches
 from gencli.core.train.samples import SftExamples
-from gencli.core.train.sft import sid_rows
 from gencli.core.train.step import default_param_groups, make_loss, train_step
 from gencli.errors import InputError
 

@@ -4,7 +4,7 @@ The policy starts from sft's model; a frozen copy of it is the reference. Each p
 before one of its latest training targets (:class:`~gencli.core.train.samples.PromptExamples`); the loss rolls the
 prompts out with the current model and applies ``--method`` dpo or grpo (:mod:`gencli.core.train.preference`). The
 engine is sft's: :func:`gencli.core.train.loop.fit` (schedule, clipping, checkpoints, exact resume, torchrun DDP),
-and sft's validation (:class:`gencli.core.train.sft.Validation`, the served ranking: seen items masked, the blend
+and sft's validation (:class:`gencli.core.train.validation.Validation`, the served ranking: seen items masked, the blend
 of model and content fitted on the valid users). The start model is validated before the first update, and the
 checkpoint with the best validation NDCG@10 becomes ``model/``: when no update beats sft, rl's model is sft's. The
 blend is then fitted again to that model (``blend.json``), as sft does, but only among the blends that keep the cold
@@ -30,16 +30,15 @@ from gencli.core.device import resolve_device
 from gencli.core.infer.blendfile import BlendFile
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.backbone import load_model
+from gencli.core.lm.prompt import sid_rows
 from gencli.core.progress import SILENT, Progress
 from gencli.core.train.callbacks import EarlyStopping, ProgressCallback, TimeLimit
 from gencli.core.train.checkpoints import save_atomic
 from gencli.core.train.loop import fit
 from gencli.core.train.preference import PreferenceLoss
-from gencli.core.train.samples import PromptExamples
-from gencli.core.train.sft import Validation, content_ranker, load_sids, prior_events, sid_rows, write_ranking
+from gencli.core.train.samples import PromptExamples, load_sids
+from gencli.core.train.validation import EVAL_METRIC, Validation, content_ranker, prior_events, write_ranking
 from gencli.errors import ArtifactError, InputError
-
-EVAL_METRIC = "ndcg@10"  # rl keeps the checkpoint that puts the right item highest in the served list
 
 
 def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,

@@ -1,4 +1,5 @@
-"""sft's training samples, built on the fly from one flat array of item indices (memory O(events)).
+"""The training samples of sft and rl, built on the fly from one flat array of item indices (memory O(events)), and
+the splits checked against the SIDs first (:func:`load_sids`).
 
 Every item of a user's training sequence after the first is a target, predicted from the items before it (the
 last ``max_history`` of them), in the prompt format of :mod:`gencli.core.lm.prompt`. Two ways to cut samples:
@@ -18,6 +19,7 @@ last ``max_history`` of them), in the prompt format of :mod:`gencli.core.lm.prom
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -25,7 +27,37 @@ import polars as pl
 from gencli.config.train import SFT_SAMPLES
 from gencli.core.infer.metrics import seeded_subsample
 from gencli.core.lm.loss import IGNORE_INDEX
-from gencli.core.lm.prompt import SidVocab, build_example, build_prompt
+from gencli.core.lm.prompt import SidVocab, build_example, build_prompt, item_token_ids, load_sid_vocab
+from gencli.errors import InputError
+
+
+def load_sids(vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
+              valid: pl.DataFrame | None) -> tuple[SidVocab, np.ndarray]:
+    """The SID vocabulary and every item's SID token ids [n_items, D], once the splits are checked against them."""
+    vocab = load_sid_vocab(vocab_path)
+    item_tokens = item_token_ids(item_codes, vocab)
+    check_frames(train, valid, len(item_tokens))
+    return vocab, item_tokens
+
+
+def check_frames(train: pl.DataFrame, valid: pl.DataFrame | None, n_items: int) -> None:
+    """InputError naming every way ingest's splits disagree with the quantize step (columns, item indices)."""
+    problems = []
+    if "sequence" not in train.columns:
+        problems.append(f"train split has columns {train.columns}, expected user_idx, sequence")
+    if valid is not None and not {"history", "target"} <= set(valid.columns):
+        problems.append(f"valid split has columns {valid.columns}, expected user_idx, history, target")
+    if not problems:
+        seen = train["sequence"].explode().drop_nulls()
+        if valid is not None:
+            seen = pl.concat([seen, valid["target"].cast(seen.dtype)])
+        bad = seen.filter((seen < 0) | (seen >= n_items))
+        if bad.len():
+            problems.append(f"item_idx values {bad.unique().sort().head(5).to_list()} are outside the {n_items} "
+                            "items that have SIDs")
+    if problems:
+        raise InputError("the training inputs (ingest's splits) disagree with the quantize step: " + "; ".join(problems)
+                         + "; rerun gencli ingest and gencli quantize on the same data")
 
 
 def target_counts(lengths: np.ndarray, max_prefixes: int) -> np.ndarray:

@@ -13,10 +13,11 @@ from transformers import Qwen3ForCausalLM
 from gencli.config import StampConfig, TrainConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
-from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab, sid_rows
 from gencli.core.train import sft
 from gencli.core.train.batches import collate
 from gencli.core.train.samples import SftExamples
+from gencli.core.train.validation import Validation
 
 CODES = TOY_CODES
 VOCAB = SidVocab(token_ids=[[100, 101, 102, 103], [104, 105, 106, 107], [108, 109]], bos_id=1, eos_id=2, pad_id=3,
@@ -35,7 +36,7 @@ def test_sid_softmax_loss_equals_restricted_cross_entropy(tmp_path):
     train, _ = toy_splits(4)
     data = SftExamples(train["sequence"], item_token_ids(CODES, vocab), vocab, max_history=20, max_prefixes=0)
     batch = collate(data, range(len(data)), pad_id=vocab.pad_id)
-    rows = sft.sid_rows(vocab)
+    rows = sid_rows(vocab)
     assert rows == list(range(vocab.base_vocab_size, vocab.base_vocab_size + 10))
 
     restricted = TokenLoss(rows)(model, batch)
@@ -152,7 +153,7 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     tokens = item_token_ids(CODES, vocab)
     from gencli.core.data.tables import train_target_counts
 
-    fresh = sft.Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
+    fresh = Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
                            ranker=Ranker(ContentScorer(emb), first_groups(tokens),
                                          counts=train_target_counts(train, len(tokens))))
     again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_ndcg@10"])

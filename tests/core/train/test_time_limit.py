@@ -11,11 +11,11 @@ from factories import micro_qwen3
 from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX
+from gencli.core.train import sft
 from gencli.core.train.batches import ListExamples
 from gencli.core.train.callbacks import TimeLimit
 from gencli.core.train.checkpoints import list_checkpoints
 from gencli.core.train.loop import fit
-from gencli.core.train.sft import cut_schedule_warning
 from gencli.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,11 +65,11 @@ def test_a_time_cut_schedule_is_warned_about_with_the_steps_that_fit(tmp_path):
     cfg = TrainConfig(device="cpu", batch_size=2, max_steps=50, max_time=1e-9)
     summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(cfg.max_time, False)])
     assert (summary["steps"], summary["max_steps"], summary["warmup_steps"]) == (1, 50, 3)
-    assert cut_schedule_warning(summary, cfg) == (
+    assert sft.cut_schedule_warning(summary, cfg) == (
         "--max-time stopped sft at step 1 of the 50 its learning-rate schedule spans (2%), before the rate had "
         "decayed; a schedule that decays within the budget usually generalises better (docs/usage.md). About 1 "
         "steps fit in 1e-09 s at this speed: give --max-steps 1 (or a smaller --epochs) with the same --max-time")
     # after warmup: cosine factor 0.5 * (1 + cos(pi * (s - 3) / 47)) is 0.260 at step 34 (warned), 0.231 at step 35
-    assert cut_schedule_warning({**summary, "steps": 34}, cfg) is not None
-    assert cut_schedule_warning({**summary, "steps": 35}, cfg) is None
-    assert cut_schedule_warning({**summary, "stop_reason": "patience"}, cfg) is None
+    assert sft.cut_schedule_warning({**summary, "steps": 34}, cfg) is not None
+    assert sft.cut_schedule_warning({**summary, "steps": 35}, cfg) is None
+    assert sft.cut_schedule_warning({**summary, "stop_reason": "patience"}, cfg) is None
