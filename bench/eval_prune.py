@@ -89,14 +89,15 @@ def main() -> None:
             speeds: list[list[float]] = [[] for _ in variants]
             metrics: list[dict] = [{} for _ in variants]
             for settings in variants:  # untimed warm-up: allocator and kernels, so the first timed run is not slower
-                warmup(model, KS, args.beams, args.batch_size, device=device, softmax_rows=rows, prune=settings)
+                warmup(model, KS, args.beams, args.batch_size, device=device, softmax_rows=rows, prune=settings,
+                       exclude_seen=False)
             for rep in range(args.repeats):
                 shift = rep % len(variants)
                 for v in list(range(len(variants)))[shift:] + list(range(len(variants)))[:shift]:
                     out = evaluator(model, KS, args.beams, args.batch_size, device=device, softmax_rows=rows,
-                                    prune=variants[v])
-                    speeds[v].append(out["users_per_s"])
-                    metrics[v] = out["metrics"]["overall"]
+                                    prune=variants[v], exclude_seen=False)
+                    speeds[v].append(out.users_per_s)
+                    metrics[v] = out.metrics["overall"]
             for v, settings in enumerate(variants):
                 ratios = [s / b for s, b in zip(speeds[v], speeds[0], strict=True)]
                 kept = prune_summary(prompts, settings)["kept_fraction"] if settings else 1.0

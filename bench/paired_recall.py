@@ -88,9 +88,9 @@ def model_ranks(run_dir: Path, workdir: Path, split_rows: dict[str, tuple[list, 
         evaluator = Evaluator(frame, item_tokens, vocab.bos_id, max_history=args.max_history, name=split)
         with torch.no_grad():  # the same decoding and ranking as gencli eval
             result = evaluator(model, (args.beams,), args.beams, args.batch_size,
-                               softmax_rows=sid_rows(vocab) if args.sid_softmax else None)
-        out[split] = result["ranks"]
-        print(f"  {run_dir.name} {split}: {len(evaluator.prompts)} users in {result['decode_seconds']:.0f} s",
+                               softmax_rows=sid_rows(vocab) if args.sid_softmax else None, exclude_seen=False)
+        out[split] = result.ranks
+        print(f"  {run_dir.name} {split}: {len(evaluator.prompts)} users in {result.decode_seconds:.0f} s",
               flush=True)
     tmp = cache.with_suffix(".tmp.npz")
     np.savez(tmp, **out)

@@ -22,18 +22,19 @@ from gencli.core.infer.prior import prior_top
 from gencli.core.infer.trie import SidTrie
 
 
-def by_history(result: dict, targets: np.ndarray, histories: Sequence[Sequence[int]], exclude_seen: bool,
+def by_history(result, targets: np.ndarray, histories: Sequence[Sequence[int]], exclude_seen: bool,
                counts: np.ndarray, blind_lists: dict[str, np.ndarray]) -> dict:
     """Recall@10 / NDCG@10 by the length of the users' histories for gencli, the model alone, the content baseline
     and popularity ("by_history"), and each one's answer to a user without history scored on the same targets
-    ("no_history"; ``blind_lists``: method -> its one list)."""
-    top = result["items"].shape[1]
+    ("no_history"; ``blind_lists``: method -> its one list). ``result``: an
+    :class:`~gencli.core.infer.evaluate.Evaluation` of these users."""
+    top = result.items.shape[1]
     k = min(10, top)
     lengths = np.array([len(h) for h in histories])
-    ranks = {"gencli": result["ranks"]}
-    if "model_items" in result:
-        ranks["model_only"] = rank_of_target(result["model_items"], targets)
-        ranks["content"] = rank_of_target(result["content_items"], targets)
+    ranks = {"gencli": result.ranks}
+    if result.model_items is not None:
+        ranks["model_only"] = rank_of_target(result.model_items, targets)
+        ranks["content"] = rank_of_target(result.content_items, targets)
     ranks["popularity"] = popularity_ranks(counts, targets, top, histories if exclude_seen else None)
     blind = {}
     for method, items in blind_lists.items():

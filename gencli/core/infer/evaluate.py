@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,9 @@ from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.blend import Ranker, content_ranking, rank
+from gencli.core.infer.blend import Candidates, Ranker, content_ranking, rank
 from gencli.core.infer.breakdown import blind_lists, by_history
-from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES
+from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES, Blend
 from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import (
     coverage_at_k,
@@ -103,20 +104,47 @@ def build_prompts(
     return prompts
 
 
+@dataclass
+class Evaluation:
+    """What one decode of an :class:`Evaluator`'s users gives; the blend's parts are None without a ranker."""
+
+    exclude_seen: bool
+    """The seen-item policy it was decoded under (True: each user's history masked, as recommend serves)."""
+    items: np.ndarray
+    """int64 [U, K]: each user's ranking (-1 where fewer items exist)."""
+    scores: np.ndarray
+    """float32 [U, K]."""
+    ranks: np.ndarray
+    """1-based rank of each target in ``items`` (0 = not ranked): what predictions.parquet holds per user."""
+    metrics: dict
+    """:func:`~gencli.core.infer.metrics.ranking_metrics` of the ranking (``overall`` and the groups')."""
+    decode_seconds: float
+    users_per_s: float
+    blend: Blend | None = None
+    """The blend that ranked (fitted on these users with ``fit_step``); None: the beam's ranking, no ranker."""
+    candidates: Candidates | None = None
+    model_items: np.ndarray | None = None
+    """The model alone's ranking [U, K]."""
+    model_only: dict | None = None
+    """The model alone's metrics on the same users and policy."""
+    content_items: np.ndarray | None = None
+    """The content baseline's ranking [U, K]."""
+    content: dict | None = None
+    """The content baseline's metrics."""
+
+
 class Evaluator:
-    """A fixed set of split users, decoded and ranked: the one evaluator of ``gencli eval`` and sft's validation.
+    """A fixed set of split users, decoded and ranked: the one evaluator of ``gencli eval`` and of validation.
 
     Users are the rows of ``split`` in ``cohort_mask`` (cold-eval), then a seeded subsample of ``max_users``
-    (0 = all); their prompts are built once. With ``exclude_seen`` each user's history is masked inside the
-    decoder (what ``gencli recommend`` serves); otherwise seen items are ranked like any other. With a ``ranker``
-    the ranking is gencli's blend of the model and the content (:mod:`gencli.core.infer.blend`), and the model
-    alone and the content baseline are scored on the same users and policy.
+    (0 = all); their prompts are built once. With a ``ranker`` the ranking is gencli's blend of the model and the
+    content (:mod:`gencli.core.infer.blend`), and the model alone and the content baseline are scored on the same
+    users and policy.
     """
 
     def __init__(self, split: pl.DataFrame, item_tokens: np.ndarray, bos_id: int | None, *, max_history: int,
                  max_users: int = 0, seed: int = 0, cohort_mask: np.ndarray | None = None,
-                 cold_max_train_count: int = -1, name: str = "split", ranker: Ranker | None = None,
-                 exclude_seen: bool = False):
+                 cold_max_train_count: int = -1, name: str = "split", ranker: Ranker | None = None):
         _check_split(split, len(item_tokens), name)
         self.rows, self.cohort_size = select_users(split.height, cohort_mask, max_users, seed, cold_max_train_count)
         users = split[self.rows]
@@ -126,7 +154,7 @@ class Evaluator:
         self.histories = [list(h) for h in users["history"].to_list()]
         self.prompts = build_prompts(self.histories, self.user_idx, item_tokens, max_history, bos_id)
         self.trie = SidTrie(item_tokens)
-        self.ranker, self.exclude_seen = ranker, exclude_seen
+        self.ranker = ranker
 
     def __call__(
         self,
@@ -140,86 +168,80 @@ class Evaluator:
         softmax_rows: Sequence[int] | None = None,
         prune: StampConfig | None = None,
         fit_step: float = 0.0,
-    ) -> dict:
-        """Decode and rank every user (``prune``: prefill only the prompt tokens SAP keeps, ``gencli eval --prune``;
-        ``fit_step`` > 0: fit the blend on these users first, on a grid of that step, as sft's validation does).
-
-        Returns {"items", "scores", "ranks", "metrics" (ranking_metrics()), "decode_seconds", "users_per_s"}, and with a
-        ranker also "blend", "candidates", "model_only" and "content" (metrics) and "content_items".
-        """
+        *,
+        exclude_seen: bool,
+    ) -> Evaluation:
+        """Decode and rank every user under the seen-item policy ``exclude_seen`` (True: each user's history is
+        masked inside the decoder, what ``gencli recommend`` serves; False: seen items are ranked like any other).
+        ``prune``: prefill only the prompt tokens SAP keeps (``gencli eval --prune``); ``fit_step`` > 0: fit the
+        blend on these users first, on a grid of that step, as validation does."""
         started = time.perf_counter()
         top = max(ks)
         out = constrained_beam_search(
             model, self.prompts, self.trie, beams=beams, top_k=beams, batch_size=batch_size, device=device,
             progress=progress, softmax_rows=softmax_rows, prune=prune,
-            banned=self.histories if self.exclude_seen else None, first_level=self.ranker is not None,
+            banned=self.histories if exclude_seen else None, first_level=self.ranker is not None,
         )
-        result: dict = {}
+        parts: dict = {}
         if self.ranker is None:
             items, scores = out[0][:, :top], out[1][:, :top]
         else:
             temps = TEMPERATURES if fit_step else None
-            cands = self.ranker.candidates(out[0], out[1], out[2], self.histories, self.exclude_seen, temps)
+            cands = self.ranker.candidates(out[0], out[1], out[2], self.histories, exclude_seen, temps)
             if fit_step:
                 blend = fit_blend(cands, self.targets, step=fit_step, boosts=(0.0,))[0]
                 items, scores = rank(cands, blend, top)
             else:
-                blend = self.ranker.blend(self.exclude_seen)
-                items, scores = self.ranker.rank_candidates(cands, self.histories, self.exclude_seen, top)
-            result["blend"], result["candidates"] = blend, cands
-            result["model_only"] = ranking_metrics(out[0][:, :top], self.targets, ks, groups)
-            result["model_items"] = out[0][:, :top]
-            result["content_items"] = content_ranking(cands, top)
-            result["content"] = ranking_metrics(result["content_items"], self.targets, ks, groups)
+                blend = self.ranker.blend(exclude_seen)
+                items, scores = self.ranker.rank_candidates(cands, self.histories, exclude_seen, top)
+            content_items = content_ranking(cands, top)
+            parts = {"blend": blend, "candidates": cands, "model_items": out[0][:, :top],
+                     "model_only": ranking_metrics(out[0][:, :top], self.targets, ks, groups),
+                     "content_items": content_items,
+                     "content": ranking_metrics(content_items, self.targets, ks, groups)}
         seconds = time.perf_counter() - started
-        return {
-            **result,
-            "items": items,
-            "scores": scores,
-            "ranks": rank_of_target(items, self.targets),  # what predictions.parquet holds per user
-            "metrics": ranking_metrics(items, self.targets, ks, groups),
-            "decode_seconds": seconds,
-            "users_per_s": len(self.prompts) / seconds if seconds > 0 else float("inf"),
-        }
+        return Evaluation(exclude_seen, items, scores, rank_of_target(items, self.targets),
+                          ranking_metrics(items, self.targets, ks, groups), seconds,
+                          len(self.prompts) / seconds if seconds > 0 else float("inf"), **parts)
 
 
 def _ratios(model: dict, baseline: dict) -> dict:
     return {key: (value / baseline[key] if baseline[key] > 0 else None) for key, value in model.items() if "@" in key}
 
 
-def versus_baselines(result: dict, targets: np.ndarray, counts: np.ndarray, ks: Sequence[int], n_items: int,
+def versus_baselines(result: Evaluation, targets: np.ndarray, counts: np.ndarray, ks: Sequence[int], n_items: int,
                      banned: list[list[int]] | None = None) -> dict:
     """The popularity ranking's metrics on the same users and seen-item policy (``banned``: histories masked), the
     content baseline's (when ``result`` has it), the ratios gencli / baseline per metric (None where the baseline
     scores 0), and beyond-accuracy numbers: item coverage@K and the mean popularity percentile of the top K."""
     popularity = summarize(popularity_ranks(counts, targets, max(ks), banned), ks)["overall"]
-    model = result["metrics"]["overall"]
+    model = result.metrics["overall"]
     out: dict = {"popularity_baseline": popularity, "vs_popularity": _ratios(model, popularity)}
-    if "content" in result:
-        out["content_baseline"] = result["content"]["overall"]
-        out["vs_content"] = _ratios(model, result["content"]["overall"])
-        out["model_only"] = result["model_only"]
-        out["vs_model_only"] = _ratios(model, result["model_only"]["overall"])
+    if result.content is not None:
+        out["content_baseline"] = result.content["overall"]
+        out["vs_content"] = _ratios(model, result.content["overall"])
+        out["model_only"] = result.model_only
+        out["vs_model_only"] = _ratios(model, result.model_only["overall"])
     beyond: dict = {}
     for k in ks:
-        beyond[f"coverage@{k}"] = coverage_at_k(result["items"], n_items, k)
-        beyond[f"popularity_percentile@{k}"] = popularity_percentile_at_k(result["items"], counts, k)
+        beyond[f"coverage@{k}"] = coverage_at_k(result.items, n_items, k)
+        beyond[f"popularity_percentile@{k}"] = popularity_percentile_at_k(result.items, counts, k)
     out["beyond_accuracy"] = beyond
     return out
 
 
-def _with_baselines(result: dict, evaluator: Evaluator, exclude_seen: bool, train_counts: np.ndarray | None,
+def _with_baselines(result: Evaluation, evaluator: Evaluator, train_counts: np.ndarray | None,
                     ks: Sequence[int], n_items: int) -> dict:
-    """Move the baselines' blocks into ``result["metrics"]`` (popularity, content, model alone; the same users and
+    """Move the baselines' blocks into ``result.metrics`` (popularity, content, model alone; the same users and
     policy) and return the rest of :func:`versus_baselines` (ratios, beyond accuracy); {} without ``train_counts``."""
     if train_counts is None:
         return {}
     extra = versus_baselines(result, evaluator.targets, train_counts, ks, n_items,
-                             evaluator.histories if exclude_seen else None)
-    result["metrics"]["popularity_baseline"] = extra.pop("popularity_baseline")
+                             evaluator.histories if result.exclude_seen else None)
+    result.metrics["popularity_baseline"] = extra.pop("popularity_baseline")
     if "content_baseline" in extra:
-        result["metrics"]["content_baseline"] = extra.pop("content_baseline")
-        result["metrics"]["model_only"] = extra.pop("model_only")["overall"]
+        result.metrics["content_baseline"] = extra.pop("content_baseline")
+        result.metrics["model_only"] = extra.pop("model_only")["overall"]
     return extra
 
 
@@ -231,20 +253,9 @@ def prune_summary(prompts: Sequence[Sequence[int]], prune: StampConfig) -> dict:
             "prompt_tokens": total, "kept_tokens": kept, "kept_fraction": kept / total if total else 1.0}
 
 
-def run(
-    cfg: EvalConfig,
-    model_dir: Path,
-    vocab: SidVocab,
-    item_codes: np.ndarray,
-    item_ids: Sequence[str],
-    split: pl.DataFrame,
-    target_buckets: np.ndarray | None,
-    cohort_mask: np.ndarray | None,
-    out_dir: Path,
-    progress: Progress = SILENT,
-    train_counts: np.ndarray | None = None,
-    ranker: Ranker | None = None,
-) -> dict:
+def run(cfg: EvalConfig, model_dir: Path, vocab: SidVocab, item_codes: np.ndarray, item_ids: Sequence[str],
+        split: pl.DataFrame, target_buckets: np.ndarray | None, cohort_mask: np.ndarray | None, out_dir: Path,
+        progress: Progress = SILENT, train_counts: np.ndarray | None = None, ranker: Ranker | None = None) -> dict:
     """Evaluate the model in ``model_dir`` on ``split``; writes PREDICTIONS and METRICS_JSON into ``out_dir``.
 
     With ``train_counts`` (training-target count per item) the metrics also hold the popularity ranking's on the
@@ -263,72 +274,90 @@ def run(
     item_tokens = item_token_ids(item_codes, vocab)
     evaluator = Evaluator(split, item_tokens, vocab.bos_id, max_history=cfg.max_history, max_users=cfg.max_users,
                           seed=cfg.seed, cohort_mask=cohort_mask, cold_max_train_count=cfg.cold_max_train_count,
-                          name=split_name, ranker=ranker, exclude_seen=cfg.exclude_seen)
-    user_idx, targets, trie = evaluator.user_idx, evaluator.targets, evaluator.trie
+                          name=split_name, ranker=ranker)
     device = resolve_device(cfg.device)
-    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device), min_vocab=trie.vocab_bound)
-    groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[targets]
+    model, _ = load_model(model_dir, device, resolve_dtype(cfg.dtype, device), min_vocab=evaluator.trie.vocab_bound)
+    groups = None if target_buckets is None else np.asarray(target_buckets).astype(str)[evaluator.targets]
     stamp = resolve(model, cfg.stamp)  # layer 0 (auto) resolved for this model: metrics.json names the layer used
     prune = stamp if stamp.sap else None
-    decode = dict(softmax_rows=vocab.all_ids if vocab.softmax == "sid" else None, prune=prune)
-    result = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress, **decode)
-    other = None
-    if cfg.both_policies:  # the other seen-item policy on the same users: what recommend serves beside the protocol
-        evaluator.exclude_seen = not cfg.exclude_seen
-        other = evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress, **decode)
-        evaluator.exclude_seen = cfg.exclude_seen
+    rows = vocab.all_ids if vocab.softmax == "sid" else None
 
+    def decode(exclude_seen: bool) -> Evaluation:
+        return evaluator(model, cfg.k, cfg.beams, cfg.batch_size, groups, device, progress, softmax_rows=rows,
+                         prune=prune, exclude_seen=exclude_seen)
+
+    result = decode(cfg.exclude_seen)
+    # the other seen-item policy on the same users: what recommend serves beside the protocol
+    other = decode(not cfg.exclude_seen) if cfg.both_policies else None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ids = np.asarray(item_ids, dtype=object)
-    pl.DataFrame(
-        {
-            "user_idx": pl.Series(user_idx, dtype=pl.Int32),
-            "target": pl.Series(targets, dtype=pl.Int32),
-            "target_id": pl.Series(ids[targets].tolist(), dtype=pl.String),
-            "items": pl.Series(result["items"].tolist(), dtype=pl.List(pl.Int64)),
-            "item_ids": pl.Series([[ids[i] if i >= 0 else None for i in row] for row in result["items"]],
-                                  dtype=pl.List(pl.String)),
-            "scores": pl.Series(result["scores"].tolist(), dtype=pl.List(pl.Float32)),
-            "rank": pl.Series(result["ranks"], dtype=pl.Int32),
-        }
-    ).with_columns(  # the split's user ids when it has them (ingest's splits always do)
-        evaluator.users.select(pl.col("user_id").cast(pl.String)) if "user_id" in evaluator.users.columns else []
-    ).write_parquet(out_dir / artifacts.PREDICTIONS)
-    extra = _with_baselines(result, evaluator, cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
+    write_predictions(out_dir / artifacts.PREDICTIONS, evaluator, result, item_ids)
+    extra = _with_baselines(result, evaluator, train_counts, cfg.k, len(item_tokens))
     lists = None
     if train_counts is not None:  # by history length, and each method's answer to a user without one
         lists = blind_lists(model, evaluator.trie, ranker, train_counts, vocab.bos_id, cfg.beams, max(cfg.k), device,
-                            decode["softmax_rows"])
+                            rows)
         extra.update(by_history(result, evaluator.targets, evaluator.histories, cfg.exclude_seen, train_counts, lists))
     # the headline of each policy scored: served (seen items masked, what recommend serves) and seen_ranked
-    policies = {POLICY_NAMES[cfg.exclude_seen]: result["metrics"]["overall"]}
+    policies = {POLICY_NAMES[cfg.exclude_seen]: result.metrics["overall"]}
     if other is not None:
-        other_extra = _with_baselines(other, evaluator, not cfg.exclude_seen, train_counts, cfg.k, len(item_tokens))
-        if lists is not None:
-            other_extra["by_history"] = by_history(other, evaluator.targets, evaluator.histories,
-                                                   not cfg.exclude_seen, train_counts, {})["by_history"]
-        policies[POLICY_NAMES[not cfg.exclude_seen]] = other["metrics"]["overall"]
-        policies["other_policy"] = {"exclude_seen": not cfg.exclude_seen,
-                                    "ranking": other.get("blend", MODEL_ONLY).to_dict(), **other["metrics"],
-                                    **{k: other_extra[k] for k in ("beyond_accuracy", "by_history") if k in other_extra}}
-    summary = {
-        "split": cfg.split,
-        "exclude_seen": cfg.exclude_seen,
-        "ranking": result.get("blend", MODEL_ONLY).to_dict(),  # weight 1: the model alone
-        "beams": cfg.beams,
-        "k": list(cfg.k),
-        "users": int(len(user_idx)),
-        "cohort_size": evaluator.cohort_size,
-        "unreachable_items": trie.n_duplicates,
-        "metrics": result["metrics"],
-        **extra,
-        **{key: policies[key] for key in (*POLICY_NAMES.values(), "other_policy") if key in policies},
-    }
+        policies.update(other_policy(other, evaluator, train_counts, lists, cfg.k, len(item_tokens)))
+    summary = metrics_summary(cfg, evaluator, result, extra, policies)
     if prune is not None:  # absent when off, so unpruned metrics.json stays as before
         summary["prune"] = prune_summary(evaluator.prompts, prune)
     (out_dir / artifacts.METRICS_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return {**summary, "decode_seconds": result["decode_seconds"], "users_per_s": result["users_per_s"]}
+    return {**summary, "decode_seconds": result.decode_seconds, "users_per_s": result.users_per_s}
+
+
+def write_predictions(path: Path, evaluator: Evaluator, result: Evaluation, item_ids: Sequence[str]) -> None:
+    """PREDICTIONS: each user's target, ranking (indices and catalog ids), scores and the target's rank."""
+    ids = np.asarray(item_ids, dtype=object)
+    targets = evaluator.targets
+    pl.DataFrame(
+        {
+            "user_idx": pl.Series(evaluator.user_idx, dtype=pl.Int32),
+            "target": pl.Series(targets, dtype=pl.Int32),
+            "target_id": pl.Series(ids[targets].tolist(), dtype=pl.String),
+            "items": pl.Series(result.items.tolist(), dtype=pl.List(pl.Int64)),
+            "item_ids": pl.Series([[ids[i] if i >= 0 else None for i in row] for row in result.items],
+                                  dtype=pl.List(pl.String)),
+            "scores": pl.Series(result.scores.tolist(), dtype=pl.List(pl.Float32)),
+            "rank": pl.Series(result.ranks, dtype=pl.Int32),
+        }
+    ).with_columns(  # the split's user ids when it has them (ingest's splits always do)
+        evaluator.users.select(pl.col("user_id").cast(pl.String)) if "user_id" in evaluator.users.columns else []
+    ).write_parquet(path)
+
+
+def other_policy(other: Evaluation, evaluator: Evaluator, train_counts: np.ndarray | None,
+                 lists: dict | None, ks: Sequence[int], n_items: int) -> dict:
+    """The other seen-item policy's headline and its ``other_policy`` block (ranking, metrics, beyond accuracy and
+    by history length)."""
+    extra = _with_baselines(other, evaluator, train_counts, ks, n_items)
+    if lists is not None:
+        extra["by_history"] = by_history(other, evaluator.targets, evaluator.histories, other.exclude_seen,
+                                         train_counts, {})["by_history"]
+    return {POLICY_NAMES[other.exclude_seen]: other.metrics["overall"],
+            "other_policy": {"exclude_seen": other.exclude_seen, "ranking": (other.blend or MODEL_ONLY).to_dict(),
+                             **other.metrics,
+                             **{k: extra[k] for k in ("beyond_accuracy", "by_history") if k in extra}}}
+
+
+def metrics_summary(cfg: EvalConfig, evaluator: Evaluator, result: Evaluation, extra: dict, policies: dict) -> dict:
+    """metrics.json: the options that shaped the numbers, the users, the metrics and the blocks beside them."""
+    return {
+        "split": cfg.split,
+        "exclude_seen": cfg.exclude_seen,
+        "ranking": (result.blend or MODEL_ONLY).to_dict(),  # weight 1: the model alone
+        "beams": cfg.beams,
+        "k": list(cfg.k),
+        "users": int(len(evaluator.user_idx)),
+        "cohort_size": evaluator.cohort_size,
+        "unreachable_items": evaluator.trie.n_duplicates,
+        "metrics": result.metrics,
+        **extra,
+        **{key: policies[key] for key in (*POLICY_NAMES.values(), "other_policy") if key in policies},
+    }
 
 
 def run_step(cfg: EvalConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict:

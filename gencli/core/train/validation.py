@@ -22,7 +22,7 @@ import torch
 from gencli.config import BATCH, StampConfig, TrainConfig
 from gencli.core import artifacts, dist
 from gencli.core.data import tables
-from gencli.core.infer.blend import FIT_K, Ranker, content_ranking, first_groups, target_ranks
+from gencli.core.infer.blend import FIT_K, Candidates, Ranker, content_ranking, first_groups, target_ranks
 from gencli.core.infer.blendfile import BlendFile
 from gencli.core.infer.content import TEMPERATURES, ContentScorer
 from gencli.core.infer.evaluate import Evaluator
@@ -51,8 +51,8 @@ class Validation:
                  device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
                  metric: str = EVAL_METRIC, target_counts: np.ndarray | None = None):
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
-                                   max_users=cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=ranker,
-                                   exclude_seen=ranker is not None)
+                                   max_users=cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=ranker)
+        self.exclude_seen = ranker is not None  # the served ranking; the model alone: the usual protocol
         self.valid, self.item_tokens, self.vocab = valid, item_tokens, vocab
         # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
         self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
@@ -69,20 +69,21 @@ class Validation:
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
                                 device=self.device, softmax_rows=self.softmax_rows, prune=self.prune,
-                                fit_step=VALID_FIT_STEP if self.ranker is not None else 0.0)
+                                fit_step=VALID_FIT_STEP if self.ranker is not None else 0.0,
+                                exclude_seen=self.exclude_seen)
         self.runs += 1
-        overall = result["metrics"]["overall"]
+        overall = result.metrics["overall"]
         out = {**{f"{m}@{k}": overall[f"{m}@{k}"] for m in ("recall", "ndcg") for k in self.ks},
                "users": len(self.evaluator.targets)}
         if self.level_loss is not None:
             out["level_ce"] = [round(v, 6) for v in self.level_loss(model)]
             out["left_plateau"] = left_plateau(out["level_ce"], self.freq_ce)
         if self.ranker is not None:
-            model_only = result["model_only"]["overall"]
+            model_only = result.model_only["overall"]
             out.update({f"model_{m}": model_only[m] for m in ("recall@5", "recall@10", "ndcg@10") if m in model_only})
-            out.update({f"blend_{k}": v for k, v in result["blend"].to_dict().items()})
+            out.update({f"blend_{k}": v for k, v in result.blend.to_dict().items()})
             if self.best is None or out[self.metric] > self.best[0]:  # the same rule as the loop's best/
-                self.best = (out[self.metric], result["candidates"])
+                self.best = (out[self.metric], result.candidates)
         return out
 
     def final_blend(self, model_dir: Path, evals: int, best: float | None,
@@ -102,12 +103,10 @@ class Validation:
             cands = {"exclude_seen": self.best[1]}
         else:
             model, _ = load_model(model_dir, self.device, torch.float32)
-            cands = {"exclude_seen": self._candidates(ev, model)}
+            cands = {"exclude_seen": self._candidates(model, exclude_seen=True)}
         if model is None:
             model, _ = load_model(model_dir, self.device, torch.float32)
-        ranked = Evaluator(self.valid, self.item_tokens, self.vocab.bos_id, max_history=self.cfg.max_history,
-                           max_users=self.cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=self.ranker)
-        cands["include_seen"] = self._candidates(ranked, model)
+        cands["include_seen"] = self._candidates(model, exclude_seen=False)
         counts = self.ranker.counts
         cold = None if counts is None else counts[ev.targets] <= COLD_MAX_COUNT
         blends, scores, grids, by_history, buckets = {}, {}, {}, {}, {}
@@ -133,9 +132,10 @@ class Validation:
             stats[1], prior = stats[0], None
         return BlendFile(blends, by_history, fitted, prior), stats
 
-    def _candidates(self, evaluator: Evaluator, model: torch.nn.Module):
-        return evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
-                         softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP)["candidates"]
+    def _candidates(self, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
+        return self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
+                              softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP,
+                              exclude_seen=exclude_seen).candidates
 
 
 def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str, Any]:

@@ -37,13 +37,14 @@ def test_popularity_percentile_is_100_for_the_most_popular_and_0_for_the_least()
 
 
 def test_versus_baselines_divides_the_model_by_the_baseline_on_the_same_users():
-    from gencli.core.infer.evaluate import versus_baselines
+    from gencli.core.infer.evaluate import Evaluation, versus_baselines
     from gencli.core.infer.metrics import summarize
 
     counts = np.array([9, 7, 5, 3, 1, 0])  # popularity list: 0, 1, 2, 3, 4, 5
     targets = np.array([0, 2, 5, 1])
     items = np.array([[0, 1], [2, 3], [4, 5], [3, 2]])  # the model: hits user 0 at 1, user 1 at 1; misses the rest
-    result = {"items": items, "metrics": summarize(np.array([1, 1, 0, 0]), [1, 2])}
+    result = Evaluation(exclude_seen=False, items=items, scores=None, ranks=None,
+                        metrics=summarize(np.array([1, 1, 0, 0]), [1, 2]), decode_seconds=0.0, users_per_s=0.0)
     extra = versus_baselines(result, targets, counts, [1, 2], n_items=6)
     popularity = extra["popularity_baseline"]
     assert popularity["recall@1"] == 0.25 and popularity["recall@2"] == 0.5  # user 0 at 1, user 3 at 2
@@ -56,7 +57,7 @@ def test_versus_baselines_divides_the_model_by_the_baseline_on_the_same_users():
 
 
 def test_popularity_under_exclude_seen_skips_each_users_history():
-    from gencli.core.infer.evaluate import versus_baselines
+    from gencli.core.infer.evaluate import Evaluation, versus_baselines
     from gencli.core.infer.metrics import popularity_ranks, summarize
 
     counts = np.array([9, 7, 5, 3, 1, 0])  # popularity list: 0, 1, 2, 3, 4, 5
@@ -64,6 +65,7 @@ def test_popularity_under_exclude_seen_skips_each_users_history():
     # user 0 has seen 0 and 1: its list is 2, 3; user 1 has seen 1: its list is 0, 2, so its target 1 is missed
     assert popularity_ranks(counts, targets, 2, [[0, 1], [1]]).tolist() == [1, 0]
     assert popularity_ranks(counts, targets, 2).tolist() == [0, 2]
-    result = {"items": np.array([[2, 3], [0, 2]]), "metrics": summarize(np.array([1, 0]), [1, 2])}
+    result = Evaluation(exclude_seen=True, items=np.array([[2, 3], [0, 2]]), scores=None, ranks=None,
+                        metrics=summarize(np.array([1, 0]), [1, 2]), decode_seconds=0.0, users_per_s=0.0)
     extra = versus_baselines(result, targets, counts, [1, 2], 6, banned=[[0, 1], [1]])
     assert extra["popularity_baseline"]["recall@1"] == 0.5 and extra["vs_popularity"]["recall@1"] == 1.0
