@@ -356,13 +356,14 @@ def rl_label(args: argparse.Namespace) -> str:
 
 def gencli_defaults() -> tuple[str, dict]:
     """gencli's current sft/eval/init-vocab/quantize defaults and their digest: cached gencli runs are keyed by it,
-    so a change of the defaults (TrainConfig is being tuned) reruns them instead of reusing stale rows."""
+    so a change of the defaults (sft's are being tuned) reruns them instead of reusing stale rows."""
     import dataclasses
 
     from gencli import config
 
     defaults = {c.__name__: dataclasses.asdict(c()) for c in (config.QuantizeConfig, config.InitVocabConfig,
-                                                                config.TrainConfig, config.EvalConfig)}
+                                                                config.EvalConfig)}
+    defaults["TrainConfig"] = config.params(config.SftConfig())  # the flat record: the digest of earlier rows
     text = json.dumps(defaults, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8], json.loads(text)
 

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from common import CACHE
 
-from gencli.config import StampConfig, TrainConfig
+from gencli.config import BATCH, LoopConfig, SftConfig, StampConfig, ValidationConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab, sid_rows
 from gencli.core.sid import store
 from gencli.core.stamp.sap import resolve
 from gencli.core.train import batches as train_batches
@@ -67,10 +67,10 @@ def speed(args) -> dict:
     depth = codes.shape[1]
     train = long_users(tables.load_split(args.workdir / "ingest", "train"), depth, args.min_tokens, args.max_history)
     device = resolve_device(args.device)
-    base_cfg = TrainConfig(batch_size=args.batch_size, max_history=args.max_history, max_prefixes=1, device=device.type,
-                           stamp=stamp_config(args))
+    base_cfg = SftConfig(loop=LoopConfig(batch_size=args.batch_size), max_history=args.max_history, max_prefixes=1,
+                         device=device.type, stamp=stamp_config(args))
     dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, base_cfg.max_history, 1, "prefixes")
-    order = train_batches.epoch_batches(dataset.lengths(), base_cfg.batch_size, 0, 0)
+    order = train_batches.epoch_batches(dataset.lengths(), base_cfg.loop.batch_size, 0, 0)
     if not order:
         raise SystemExit(f"no user's latest prefix gives a prompt of {args.min_tokens}+ tokens (--max-history "
                          f"{args.max_history}); lower --min-tokens")
@@ -161,11 +161,12 @@ def _recall_run(args, seed: int, variant: str) -> dict:
     kind, _, score = variant.partition("@")
     sap, mtp = profile.VARIANT_FLAGS[kind]
     stamp = dataclasses.replace(stamp_config(args, sap=sap, map=mtp), score=score or args.sap_score)
-    cfg = TrainConfig(seed=seed, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
-                      max_history=args.max_history, eval_users=args.eval_users, eval_beams=args.eval_beams,
-                      device=args.device, eval_every=args.eval_every, stamp=stamp, log_every=50,
-                      keep_checkpoints=1, sid_softmax=args.sid_softmax, patience=0, evals_per_epoch=0,
-                      samples="prefixes")  # the samples STAMP's pruning was measured on (one target per prompt)
+    cfg = SftConfig(seed=seed, loop=LoopConfig(max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                                               log_every=50, keep_checkpoints=1),
+                    validation=ValidationConfig(eval_users=args.eval_users, eval_beams=args.eval_beams,
+                                                eval_every=args.eval_every, patience=0, evals_per_epoch=0),
+                    max_history=args.max_history, device=args.device, stamp=stamp, sid_softmax=args.sid_softmax,
+                    samples="prefixes")  # the samples STAMP's pruning was measured on (one target per prompt)
     out_dir = args.out.parent / f"recall-{variant.replace('@', '-')}-s{seed}"
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -179,8 +180,10 @@ def _recall_run(args, seed: int, variant: str) -> dict:
         settings = resolve(model, dataclasses.replace(stamp, map=False))
         with torch.no_grad():  # both on the reloaded float32 model, so only the pruning differs
             pruned_eval, full_eval = (
-                Validation(valid, item_token_ids(codes, vocab), vocab, cfg, resolve_device(args.device),
-                           prune=prune)(model)["recall@5"] for prune in (settings, None))
+                Validation(valid, item_token_ids(codes, vocab), vocab, cfg.validation, resolve_device(args.device),
+                           max_history=cfg.max_history, batch_size=cfg.loop.batch_size or BATCH,
+                           softmax_rows=sid_rows(vocab) if cfg.sid_softmax else None, prune=prune)(model)["recall@5"]
+                for prune in (settings, None))
         del model
     if not args.keep_models:  # a smollm2 run leaves ~1.6 GB of weights + optimizer state
         shutil.rmtree(out_dir, ignore_errors=True)

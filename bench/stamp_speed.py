@@ -26,7 +26,7 @@ import torch
 from common import CACHE, gencli, prepare_shared, write_json_atomic
 from stamp import long_users
 
-from gencli.config import StampConfig, TrainConfig
+from gencli.config import LoopConfig, SftConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
@@ -70,7 +70,7 @@ def datasets(args, workdir: Path) -> dict[str, tuple[SftExamples, list, int]]:
     codes = store.load_item_codes(workdir / "quantize")
     item_tokens = item_token_ids(codes, vocab)
     train = tables.load_split(workdir / "ingest", "train")
-    default = TrainConfig()
+    default = SftConfig()
     out = {}
     long = long_users(train, codes.shape[1], args.min_tokens, 40)
     data = SftExamples(long["sequence"], item_tokens, vocab, 40, 1, "prefixes")
@@ -83,8 +83,8 @@ def datasets(args, workdir: Path) -> dict[str, tuple[SftExamples, list, int]]:
 
 def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, size: int) -> dict:
     device = resolve_device(args.device)
-    cfg = TrainConfig(batch_size=size, device=device.type, dtype=args.dtype,
-                      stamp=StampConfig(layer=args.layer, keep_ratio=args.keep_ratio))
+    cfg = SftConfig(loop=LoopConfig(batch_size=size), device=device.type, dtype=args.dtype,
+                    stamp=StampConfig(layer=args.layer, keep_ratio=args.keep_ratio))
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
     for r in range(args.rounds):
         batches = [order[(r * (args.steps + 1) + i) % len(order)] for i in range(args.steps + 1)]

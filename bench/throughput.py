@@ -2,7 +2,7 @@
 
 Every measurement is a real ``gencli.core.train.loop.fit`` call (the loop ``gencli sft`` runs) on the
 sample data's sft examples (:class:`gencli.core.train.samples.SftExamples`, prefixes from the ingest, quantize and
-init-vocab artifacts of a workdir), with a :class:`TrainConfig`; only the loss function differs:
+init-vocab artifacts of a workdir), with an :class:`SftConfig`; only the loss function differs:
 
 - ``full``: the engine's default loss (LM head over the whole vocabulary, at target positions only);
 - ``sid``:  ``--sid-softmax`` (head over the SID rows only, at target positions);
@@ -96,13 +96,13 @@ class HfLabelsLoss:
 
 def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_size: int, seed: int) -> float:
     """tokens/s of one fit() call, first step dropped."""
-    from gencli.config import TrainConfig
+    from gencli.config import LoopConfig, SftConfig
     from gencli.core.lm.prompt import sid_rows
     from gencli.core.train.loop import fit
     from gencli.core.train.step import make_loss
 
-    cfg = TrainConfig(task="sft", max_steps=steps + 1, batch_size=batch_size, lr=1e-4, log_every=1,
-                      sid_softmax=mode == "sid", keep_checkpoints=1, seed=seed, device="cpu")
+    cfg = SftConfig(loop=LoopConfig(max_steps=steps + 1, batch_size=batch_size, lr=1e-4, log_every=1, keep_checkpoints=1),
+                    sid_softmax=mode == "sid", seed=seed, device="cpu")
     loss = HfLabelsLoss() if mode == "hf" else make_loss(cfg.stamp, sid_rows(vocab) if mode == "sid" else None)
     out = Path(tempfile.mkdtemp(prefix="gencli-tput-"))
     try:

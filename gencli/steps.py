@@ -63,8 +63,6 @@ class Step:
     """Field -> this command's own option declaration (eval's ``--prune`` for ``stamp.sap``)."""
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """A flag that turns several boolean fields on (``--stamp``: ``sap`` and ``map``)."""
-    fixed: dict[str, Any] = field(default_factory=dict)
-    """Config fields this step sets itself (cpt and sft share TrainConfig with ``task`` telling them apart)."""
     distributed: bool = False
     """Runs under torchrun (every rank runs it); any other command refuses torchrun before doing anything."""
     serving: bool = False
@@ -113,15 +111,15 @@ REGISTRY: tuple[Step, ...] = (
          ("ingest", "quantize"), external=_EXT + "init_vocab",
          previous="warm_start", previous_sids=True, holds_model=True, overrides=("init", "model", "seed"),
          retrain=("warm_start_from",), key_metrics=("method", "n_new_tokens", "new_rows_norm_mean")),
-    Step("cpt", "train", "cpt", "TrainConfig", "gencli.core.train.cpt:run_step", ("ingest", "quantize", "init-vocab"),
-         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "cpt"}, distributed=True,
+    Step("cpt", "train", "cpt", "CptConfig", "gencli.core.train.cpt:run_step", ("ingest", "quantize", "init-vocab"),
+         holds_model=True, resumable=True, aliases=_STAMP, distributed=True,
          overrides=("seed",), trains_tokens=True, key_metrics=("steps", "train_loss", "tokens_per_s")),
-    Step("sft", "train", "sft", "TrainConfig", "gencli.core.train.sft:run_step", _DATA, model="start_from",
-         holds_model=True, resumable=True, aliases=_STAMP, fixed={"task": "sft"}, distributed=True,
+    Step("sft", "train", "sft", "SftConfig", "gencli.core.train.sft:run_step", _DATA, model="start_from",
+         holds_model=True, resumable=True, aliases=_STAMP, distributed=True,
          overrides=("seed",), trains_tokens=True, retrain=("started_from", "steps"), key_metrics=("steps", "peak_step", "peak_ndcg@10", "blend.weight", "blend.prefix", "tokens_per_s")),
     # rl refines sft's model on rollouts of the constrained search (a preference stage); only sft may start it
-    Step("rl", "train", "rl", "TrainConfig", "gencli.core.train.rl:run_step", _DATA, model="start_from",
-         holds_model=True, refines="sft", resumable=True, fixed={"task": "rl", "start_from": "sft"}, distributed=True,
+    Step("rl", "train", "rl", "RlConfig", "gencli.core.train.rl:run_step", _DATA, model="start_from",
+         holds_model=True, refines="sft", resumable=True, distributed=True,
          overrides=("seed",), retrain=("started_from", "steps", "peak_step"), key_metrics=("method", "steps", "start_ndcg@10", "peak_ndcg@10", "peak_step", "blend.weight")),
     Step("eval", "evaluate", "eval_cmd", "EvalConfig", "gencli.core.infer.evaluate:run_step", _DATA,
          model="model_step", ranking=True, renames=_PRUNE, distributed=True,
@@ -214,11 +212,6 @@ def overridden_by(option: str) -> tuple[str, ...]:
 def token_training_steps() -> tuple[str, ...]:
     """Steps that train on token sequences (STAMP's training options)."""
     return tuple(s.name for s in REGISTRY if s.trains_tokens)
-
-
-def steps_with_config(config: str) -> tuple[str, ...]:
-    """Steps whose config is the class named ``config`` (TrainConfig: cpt, sft, rl)."""
-    return tuple(s.name for s in REGISTRY if s.config == config)
 
 
 def resumable(name: str) -> bool:

@@ -183,3 +183,21 @@ def tiny_bundle(root: Path, n_items: int = 40, levels: Sequence[int] = (4, 4, 3)
                         [f"i{i:03d}" for i in range(n_items)], [f"Title {i}" for i in range(n_items)], codes, meta,
                         users=histories, embeddings=vectors if embeddings else None)
     return root / "bundle"
+
+
+def train_config(step: str = "sft", **options):
+    """cpt's, sft's or rl's config from options by field name, wherever the field sits (``lr`` is ``loop.lr``,
+    ``eval_users`` is ``validation.eval_users``), as a command line or a TOML table gives them; a nested part given
+    whole (``stamp=StampConfig(...)``) is taken as it is. An unknown name is a TypeError."""
+    import dataclasses
+
+    from gencli.config import CptConfig, RlConfig, SftConfig
+
+    cls = {"cpt": CptConfig, "sft": SftConfig, "rl": RlConfig}[step]
+    parts = {f.name: type(f.default) for f in dataclasses.fields(cls) if f.metadata.get("flat")}
+    top: dict = {}
+    nested: dict = {name: {} for name in parts}
+    for key, value in options.items():
+        part = next((name for name, kind in parts.items() if key in {f.name for f in dataclasses.fields(kind)}), None)
+        (nested[part] if part else top)[key] = value
+    return cls(**top, **{name: kind(**nested[name]) for name, kind in parts.items()})

@@ -1,7 +1,7 @@
 """gencli cpt / sft / rl: the training steps, one engine (gencli.core.train.loop).
 
-Their options come from :class:`~gencli.config.TrainConfig` (and its nested STAMP settings); a field marked
-``steps=("sft",)`` is an option of sft only.
+Their options come from :class:`~gencli.config.CptConfig`, :class:`~gencli.config.SftConfig` and
+:class:`~gencli.config.RlConfig`, their nested parts' fields included (the loop's, validation's, STAMP's).
 """
 
 from __future__ import annotations

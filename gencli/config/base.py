@@ -19,8 +19,10 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     (the declaration, e.g. ``--from`` or ``--dedupe/--no-dedupe``), ``steps`` (the commands of a shared config
     that have it), ``cli=False`` (not an option), ``path=True`` (a file or folder: a ``gencli run`` TOML gives it
     relative to the TOML), ``record=False`` (not a param of ``step.json``: an input file, hashed as an input) or
-    ``bounds=(low, high)`` (the range of a number, checked with every config: :func:`number_problems`). A value
-    outside ``choices`` is a problem :meth:`Checks.done` names, unless ``check=False`` (the config checks it)."""
+    ``bounds=(low, high)`` (the range of a number, checked with every config: :func:`number_problems`) or, for a
+    nested config, ``flat=True`` (its fields sit beside its parent's in ``step.json`` and the fingerprint: the
+    training loop's part of cpt, sft and rl). A value outside ``choices`` is a problem :meth:`Checks.done` names,
+    unless ``check=False`` (the config checks it)."""
     return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
@@ -74,30 +76,43 @@ def number_problems(cfg: Any) -> dict[str, str]:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """JSON-ready dict of a config (tuples become lists)."""
-    return json_ready(dataclasses.asdict(cfg))
+    """JSON-ready dict of a config (tuples become lists, nested configs dicts; a ``flat`` part's fields beside its
+    parent's)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and f.metadata.get("flat"):
+            out.update(to_dict(value))
+        else:
+            out[f.name] = to_dict(value) if dataclasses.is_dataclass(value) else json_ready(value)
+    return out
 
 
 def params(cfg: Any) -> dict[str, Any]:
-    """What ``step.json`` records under ``params`` (and the fingerprint hashes): every field but input files."""
+    """What ``step.json`` records under ``params`` (and the fingerprint hashes): every field but input files, or
+    what the config's own ``record()`` says (cpt, sft, rl: :func:`gencli.config.train.train_record`)."""
+    if hasattr(cfg, "record"):
+        return cfg.record()
     skip = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("record") is False}
     return {k: v for k, v in to_dict(cfg).items() if k not in skip}
 
 
 def from_dict(cls: type, params: dict[str, Any]) -> Any:
     """The config a ``step.json`` recorded (``to_dict``'s inverse): lists become tuples, nested configs are
-    rebuilt, keys the dataclass does not know are ignored."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    rebuilt (a ``flat`` part from the same keys), keys the dataclass does not know are ignored."""
     kwargs = {}
-    for key, value in params.items():
-        if key not in fields:
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default) and f.metadata.get("flat"):
+            kwargs[f.name] = from_dict(type(f.default), params)
             continue
-        default = fields[key].default
-        if dataclasses.is_dataclass(default) and isinstance(value, dict):
-            value = from_dict(type(default), value)
+        if f.name not in params:
+            continue
+        value = params[f.name]
+        if dataclasses.is_dataclass(f.default) and isinstance(value, dict):
+            value = from_dict(type(f.default), value)
         elif isinstance(value, list):
             value = tuple(value)
-        kwargs[key] = value
+        kwargs[f.name] = value
     return cls(**kwargs)
 
 
@@ -137,14 +152,19 @@ class Checks:
         numbers = number_problems(self.cfg) if self.cfg is not None else {}
         if self.cfg is not None:  # every field declared with choices holds one of them (listed first, in field order)
             checks, self.problems = self.problems, []
-            for f in dataclasses.fields(self.cfg):
-                if "choices" in f.metadata and f.metadata.get("check", True):
-                    name = declared(f).partition("/")[0][2:]
-                    self.choice(name, getattr(self.cfg, f.name), tuple(f.metadata["choices"]))
+            self._choices(self.cfg)
             self.problems += checks
         rest = [p for p in self.problems if p.split(" ", 1)[0] not in numbers]
         if numbers or rest:
             raise ConfigError(self.step, [*numbers.values(), *rest])
+
+    def _choices(self, cfg: Any) -> None:
+        for f in dataclasses.fields(cfg):
+            value = getattr(cfg, f.name)
+            if dataclasses.is_dataclass(value):  # a nested config's fields are options too
+                self._choices(value)
+            elif "choices" in f.metadata and f.metadata.get("check", True):
+                self.choice(declared(f).partition("/")[0][2:], value, tuple(f.metadata["choices"]))
 
     def types(self, cfg: Any) -> None:
         """Raise at once, listing every field whose value is not of its declared plain type (int, float, bool,

@@ -97,7 +97,7 @@ def config_class(entry: Any) -> type:
 
 def build_step(step: str, values: dict[str, Any]) -> Any:
     """A step's config from option values keyed by field name (a nested field by its own name, as click names
-    them) and alias flags (``stamp``: true turns its fields on), with the registry's fixed fields (``task``)."""
+    them) and alias flags (``stamp``: true turns its fields on)."""
     from gencli.steps import STEPS
 
     entry = STEPS[step]
@@ -107,7 +107,7 @@ def build_step(step: str, values: dict[str, Any]) -> Any:
             named.update(dict.fromkeys(fields, True))
     cls = config_class(entry)
     by_path = {f.path: named[f.name] for f in step_fields(cls, step, entry.renames) if f.name in named}
-    return build(cls, {**by_path, **{(k,): v for k, v in entry.fixed.items()}})
+    return build(cls, by_path)
 
 
 def command_line(step: str, cfg: Any, workdir: str | None = None) -> list[str]:

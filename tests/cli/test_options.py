@@ -12,13 +12,17 @@ from gencli.cli import cli
 from gencli.cli.options import CommaList, config_from
 from gencli.config import (
     DEVICES,
+    CptConfig,
     EmbedConfig,
     EvalConfig,
     IngestConfig,
     InitVocabConfig,
+    LoopConfig,
     ProfileConfig,
     QuantizeConfig,
-    TrainConfig,
+    RlConfig,
+    SftConfig,
+    ValidationConfig,
     to_dict,
 )
 from gencli.config.fields import command_line, config_class, step_fields
@@ -54,7 +58,7 @@ def test_every_option_default_is_its_config_field_default(name):
 def test_no_options_give_the_config_defaults(name):
     args = ["--items", "x.csv"] if name == "ingest" else []
     cls = config_class(STEPS[name])
-    fixed = {**STEPS[name].fixed, **({"items": str(Path("x.csv").resolve())} if name == "ingest" else {})}
+    fixed = {"items": str(Path("x.csv").resolve())} if name == "ingest" else {}
     assert to_dict(_build(name, *args)) == to_dict(cls(**fixed))
 
 
@@ -89,7 +93,7 @@ def test_types_choices_and_flags_come_from_the_fields():
     assert sft["sid_softmax"].opts == ["--sid-softmax"] and sft["sid_softmax"].secondary_opts == ["--full-softmax"]
     assert sft["start_from"].opts == ["--from"]
     assert sft["layer"].opts == ["--stamp-layer"] and sft["score"].opts == ["--sap-score"]
-    assert sft["lr"].help == TrainConfig.__dataclass_fields__["lr"].metadata["help"]
+    assert sft["lr"].help == LoopConfig.__dataclass_fields__["lr"].metadata["help"]
     assert "text_to_sid" not in sft and "text_to_sid" in {p.name for p in cli.get_command(ROOT, "cpt").params}
     ev = {p.name: p for p in cli.get_command(ROOT, "eval").params}
     assert ev["sap"].opts == ["--prune"] and "map" not in ev and "cold_max_train_count" not in ev
@@ -100,13 +104,15 @@ def test_types_choices_and_flags_come_from_the_fields():
 
 def test_values_reach_the_nested_config():
     cfg = _build("sft", "--sap", "--stamp-layer", "3", "--keep-ratio", "0.25", "--lr", "0.01")
-    assert (cfg.stamp.sap, cfg.stamp.map, cfg.stamp.layer, cfg.stamp.keep_ratio, cfg.lr) == (True, False, 3, 0.25, 0.01)
+    assert (cfg.stamp.sap, cfg.stamp.map, cfg.stamp.layer, cfg.stamp.keep_ratio, cfg.loop.lr) == \
+        (True, False, 3, 0.25, 0.01)
     ev = _build("eval", "--prune", "--k", "1, 5", "--beams", "5")
     assert ev.stamp.sap and ev.k == (1, 5)
-    assert _build("cpt", "--stamp").stamp.map and _build("cpt").task == "cpt"
+    assert _build("cpt", "--stamp").stamp.map and _build("cpt").step == "cpt"
 
 
 def test_every_field_that_is_an_option_has_help():
-    for cls in (IngestConfig, EmbedConfig, QuantizeConfig, InitVocabConfig, EvalConfig, TrainConfig, ProfileConfig):
+    for cls in (IngestConfig, EmbedConfig, QuantizeConfig, InitVocabConfig, EvalConfig, CptConfig, SftConfig, RlConfig,
+                LoopConfig, ValidationConfig, ProfileConfig):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"

@@ -109,7 +109,7 @@ def test_pipeline_tables_become_the_configs_the_options_build():
 
     cfg, problems = step_config("sft", {"sid-softmax": False, "sap": False, "eval-every": 5, "from": "init-vocab"},
                                 SAMPLE)
-    assert not problems and (cfg.sid_softmax, cfg.stamp.sap, cfg.eval_every, cfg.start_from, cfg.task) == \
+    assert not problems and (cfg.sid_softmax, cfg.stamp.sap, cfg.validation.eval_every, cfg.start_from, cfg.step) == \
         (False, False, 5, "init-vocab", "sft")
     assert step_config("sft", {"full-softmax": True}, SAMPLE)[0].sid_softmax is False
     assert step_config("ingest", {"items": "items.csv", "interactions": "interactions.csv",
@@ -121,6 +121,6 @@ def test_pipeline_tables_become_the_configs_the_options_build():
     _, problems = step_config("eval", {"k": [5, "x"], "beams": "20", "prune": 1, "nope": 1}, SAMPLE)
     assert len(problems) == 3 and all(p.startswith("[eval] ") for p in problems)  # "20" parses as --beams 20
     quoted, problems = step_config("sft", {"lr": "0.003", "max-steps": "5"}, SAMPLE)  # as the option parses them
-    assert not problems and (quoted.lr, quoted.max_steps) == (0.003, 5)
+    assert not problems and (quoted.loop.lr, quoted.loop.max_steps) == (0.003, 5)
     _, problems = step_config("sft", {"lr": True, "max-steps": 2.5, "seed": "x", "batch-size": [1]}, SAMPLE)
     assert [p.split(":")[0] for p in problems] == ["[sft] --lr", "[sft] --max-steps", "[sft] --seed", "[sft] --batch-size"]

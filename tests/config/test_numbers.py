@@ -20,8 +20,8 @@ from gencli.steps import REGISTRY
 
 
 def _configs() -> list[tuple[str, type, dict]]:
-    """Every config class a command builds: each step's (with its fixed fields), run's and serve's."""
-    out = [(s.name, config_class(s), dict(s.fixed)) for s in REGISTRY if s.config]
+    """Every config class a command builds: each step's, run's and serve's."""
+    out = [(s.name, config_class(s), {}) for s in REGISTRY if s.config]
     return [*out, ("run", RunConfig, {}), ("serve", ServeConfig, {})]
 
 
@@ -63,15 +63,15 @@ def test_every_number_of_every_config_is_checked(name, cls, fixed, path, kind, f
 
 
 def test_seeds_are_numpy_seeds_and_float_bounds_are_declared():
-    from gencli.config import TrainConfig
+    from gencli.config import SftConfig
 
-    assert TrainConfig(seed=SEED_BOUNDS[1]).seed == 2**32 - 1
+    assert SftConfig(seed=SEED_BOUNDS[1]).seed == 2**32 - 1
     with pytest.raises(ConfigError, match=r"--seed must be an integer in \[0, 4294967295\] \(got -1\)"):
-        TrainConfig(seed=-1)
+        SftConfig(seed=-1)
     with pytest.raises(ConfigError, match=r"--watch must be a number in \[0, 86400\] \(got 1e\+300\)"):
         ServeConfig(watch=1e300)
     with pytest.raises(ConfigError, match="--keep-ratio must be a finite number"):
-        TrainConfig(stamp=StampConfig(keep_ratio=math.nan))
+        SftConfig(stamp=StampConfig(keep_ratio=math.nan))
 
 
 @pytest.mark.parametrize("args, named", [

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gencli.config import TrainConfig
+from gencli.config import LoopConfig
 from gencli.core.progress import Progress
 
 
@@ -50,7 +50,7 @@ class StepPlan:
     """When to log, evaluate and checkpoint (transformers' DefaultFlowCallback); ``eval_every`` is the resolved
     validation interval in steps (:func:`~gencli.core.train.step.eval_interval`, 0 = at the end only)."""
 
-    def __init__(self, cfg: TrainConfig, evaluates: bool, eval_every: int):
+    def __init__(self, cfg: LoopConfig, evaluates: bool, eval_every: int):
         self.cfg, self.evaluates, self.eval_every = cfg, evaluates, eval_every
 
     def on_step_end(self, state: TrainState, control: Control) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gencli.config import TrainConfig, to_dict
+from gencli.config import TrainingConfig, to_dict
 from gencli.core.lm.backbone import WEIGHT_FILES, quiet_transformers
 from gencli.errors import ArtifactError, InputError
 from gencli.fileio import follow_umask
@@ -203,7 +203,7 @@ def _step_of(line: str) -> float:
         return math.inf
 
 
-def check_resumable(saved: dict[str, Any], cfg: TrainConfig, n_examples: int, path: Path) -> None:
+def check_resumable(saved: dict[str, Any], cfg: TrainingConfig, n_examples: int, path: Path) -> None:
     """Refuse a resume whose settings or example count differ from the checkpoint's (exit 2, naming each)."""
     old, new = {**saved["config"], "examples": saved["n_examples"]}, {**to_dict(cfg), "examples": n_examples}
     changed = [f"{k} ({old.get(k)!r} -> {v!r})" for k, v in sorted(new.items()) if k not in _RESUME_FREE and old.get(k) != v]

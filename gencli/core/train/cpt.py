@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gencli.config import TrainConfig
+from gencli.config import CptConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device
 from gencli.core.lm.backbone import load_model
@@ -110,7 +110,7 @@ class NewRowDecay:
 
 
 def run(
-    cfg: TrainConfig,
+    cfg: CptConfig,
     model_dir: Path,
     vocab_path: Path,
     item_codes: np.ndarray,
@@ -145,8 +145,8 @@ def run(
             pad_id=vocab.pad_id,
             loss_fn=make_loss(stamp),
             param_groups=[{"params": params, "weight_decay": 0.0}],
-            callbacks=[ProgressCallback(progress, "cpt"), NewRowDecay(params, vocab.base_vocab_size, cfg.weight_decay),
-                       *([TimeLimit(cfg.max_time, False)] if cfg.max_time > 0 else [])],
+            callbacks=[ProgressCallback(progress, "cpt"), NewRowDecay(params, vocab.base_vocab_size, cfg.loop.weight_decay),
+                       *([TimeLimit(cfg.loop.max_time, False)] if cfg.loop.max_time > 0 else [])],
             tokenizer=tokenizer,
             progress=progress,
             resume=resume,
@@ -171,7 +171,7 @@ def run(
     }
 
 
-def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+def run_step(cfg: CptConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
     """The cpt step: init-vocab's model, quantize's SIDs, ingest's item texts."""
     from gencli.core.data import tables
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gencli.config import TrainConfig, to_dict
+from gencli.config import TrainingConfig, to_dict
 from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.lm.loss import IGNORE_INDEX, LossFn
@@ -69,7 +69,7 @@ from gencli.core.train.step import (
 from gencli.errors import InputError, TrainingDiverged
 
 
-def batch_stream(dataset: Examples, cfg: TrainConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
+def batch_stream(dataset: Examples, cfg: TrainingConfig, state: TrainState, pad_id: int) -> Iterator[dict]:
     """Batches from the state's data position on, advancing the position as it goes."""
     lengths = dataset.lengths()
     while True:
@@ -96,7 +96,7 @@ def local_batch(dataset: Examples, indices: np.ndarray, pad_id: int) -> dict[str
 def fit(
     model: torch.nn.Module,
     dataset: Examples,
-    cfg: TrainConfig,
+    cfg: TrainingConfig,
     out_dir: Path,
     *,
     pad_id: int,
@@ -113,8 +113,8 @@ def fit(
     """Train ``model`` on ``dataset``; write metrics, checkpoints, ``best/`` and ``model/`` into ``out_dir``.
 
     ``param_groups`` default to every trainable parameter (decay on matrices only).
-    ``evaluate(model) -> metrics`` runs when the control asks for it; the best value of
-    ``metrics[metric]`` is kept in ``best/`` and becomes ``model/`` at the end, or with ``cfg.average`` > 1 the
+    ``evaluate(model) -> metrics`` runs when the control asks for it (``cfg.validation`` says when); the best value of
+    ``metrics[metric]`` is kept in ``best/`` and becomes ``model/`` at the end, or with ``average`` > 1 the
     validated average of it and later checkpoints (:mod:`gencli.core.train.soup`). ``resume``
     continues from the last complete checkpoint in ``out_dir/checkpoints`` (a fresh start when
     there is none). ``evaluate_first`` validates the start model before the first step (a fresh run), so it is a
@@ -130,10 +130,10 @@ def fit(
     amp_dtype = resolve_dtype(cfg.dtype, device)
     model.to(device)
     loss_fn = loss_fn or make_loss(resolve(model, cfg.stamp))
-    eval_every = eval_interval(cfg, len(dataset))
-    run = _Run(model, cfg, len(dataset), param_groups or default_param_groups(model, cfg.weight_decay), device,
-               amp_dtype, [StepPlan(cfg, evaluate is not None, eval_every), *callbacks], hf_writer(model, tokenizer),
-               ckpt_dir)
+    eval_every = eval_interval(cfg, len(dataset)) if evaluate is not None else 0
+    run = _Run(model, cfg, len(dataset), param_groups or default_param_groups(model, cfg.loop.weight_decay), device,
+               amp_dtype, [StepPlan(cfg.loop, evaluate is not None, eval_every), *callbacks],
+               hf_writer(model, tokenizer), ckpt_dir)
     # of the global RNGs only torch's is drawn from, by sft's --dropout (the batch order has its own generator,
     # batches.py); all are seeded here, and every checkpoint saves and restores them (checkpoints.rng_state)
     random.seed(cfg.seed)
@@ -162,7 +162,7 @@ def fit(
         t0 = time.perf_counter()
         lr = run.optimizer.param_groups[0]["lr"]
         try:
-            result = run.step([next(stream) for _ in range(cfg.grad_accum)], loss_fn, control)
+            result = run.step([next(stream) for _ in range(cfg.loop.grad_accum)], loss_fn, control)
         except TrainingDiverged as bad:  # before the update: nothing of this iteration reached the weights
             raise run.diverged(str(bad), state.global_step + 1) from None
         elapsed = time.perf_counter() - t0
@@ -194,7 +194,7 @@ def fit(
 
     best = out_dir / artifacts.BEST_DIR
     averaged = None
-    if evaluate is not None and cfg.average > 1 and state.best_step is not None:
+    if evaluate is not None and cfg.validation.average > 1 and state.best_step is not None:
         # under torchrun only rank 0 writes best/ and the checkpoints: every rank averages rank 0's (one machine),
         # and every rank must take part, as the validations of the average are sharded
         shared = dist.broadcast((best, soup.candidates(ckpt_dir, state.evals, metric, state.best_step))
@@ -202,7 +202,7 @@ def fit(
         if shared is not None and shared[1]:  # the final model is the best checkpoint, or a validated average
             t0 = time.perf_counter()
             averaged = soup.greedy_soup(model, evaluate, metric, shared[0], state.best_metric, shared[1],
-                                        cfg.average)
+                                        cfg.validation.average)
             valid_time += time.perf_counter() - t0
             log.write({"kind": "average", "step": state.global_step, **averaged})
     log.close()
@@ -258,23 +258,23 @@ def _prepare_out_dir(out_dir: Path, resume: bool) -> Path:
 class _Run:
     """What one :func:`fit` call trains with and checkpoints: optimizer, schedule, scaler, state, callbacks."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, n_examples: int, groups: list[dict[str, Any]],
+    def __init__(self, model: torch.nn.Module, cfg: TrainingConfig, n_examples: int, groups: list[dict[str, Any]],
                  device: torch.device, amp_dtype: torch.dtype, callbacks: list[Any],
                  save_model: Callable[[Path], None], ckpt_dir: Path):
         self.model, self.cfg, self.n_examples = model, cfg, n_examples
         self.device, self.amp_dtype, self.callbacks = device, amp_dtype, callbacks
         self.save_model, self.ckpt_dir = save_model, ckpt_dir
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.loop.weight_decay)
         max_steps, self.warmup = plan_steps(cfg, n_examples)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, functools.partial(lr_factor, warmup=self.warmup, total=max_steps, kind=cfg.schedule)
+            self.optimizer, functools.partial(lr_factor, warmup=self.warmup, total=max_steps, kind=cfg.loop.schedule)
         )
         self.scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and amp_dtype == torch.float16)
         self.state = TrainState(max_steps=max_steps, batches_per_epoch=batches_per_epoch(n_examples, cfg.micro_batch(n_examples)))
 
     def step(self, micro: list[dict[str, torch.Tensor]], loss_fn: LossFn, control: Control) -> StepResult:
         """One optimizer step (:func:`~gencli.core.train.step.train_step`), then the schedule and the counters."""
-        result = train_step(self.model, micro, loss_fn, self.optimizer, self.scaler, self.cfg.max_grad_norm,
+        result = train_step(self.model, micro, loss_fn, self.optimizer, self.scaler, self.cfg.loop.max_grad_norm,
                             self.device, self.amp_dtype,
                             before_update=functools.partial(fire, self.callbacks, "on_pre_optimizer_step",
                                                             self.state, control, optimizer=self.optimizer))
@@ -312,7 +312,7 @@ class _Run:
         if not dist.is_main():
             return self.state.global_step
         save_atomic(self.ckpt_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step:06d}", self._write_checkpoint)
-        for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.keep_checkpoints]:
+        for old in list_checkpoints(self.ckpt_dir)[: -self.cfg.loop.keep_checkpoints]:
             shutil.rmtree(old)
         return self.state.global_step
 
@@ -327,19 +327,17 @@ class _Run:
     def diverged(self, what: str, iteration: int) -> TrainingDiverged:
         """The error that stops a diverged run: which step, which iteration, the likely cause and what is kept.
 
-        The cause named is the option furthest above the top of its usual range (rl's ``--kl`` for grpo and
-        ``--beta`` for dpo scale the loss as the learning rate scales the step); the learning rate when none is."""
-        step = self.cfg.task
+        The cause named is the option furthest above the top of its usual range (the step's ``scales()``: rl's
+        ``--kl`` for grpo and ``--beta`` for dpo scale the loss as the learning rate scales the step); the learning
+        rate when none is."""
+        step = self.cfg.step
         lr = self.optimizer.param_groups[0]["lr"]
         kept = list_checkpoints(self.ckpt_dir)
         rerun = (f"rerunning the same command resumes from {kept[-1]}" if kept else
                  "no checkpoint was saved before it, so a rerun starts over")
-        usual = [("--lr", self.cfg.peak_lr, 1e-2)]  # (option, value, top of its usual range)
-        if step == "rl":
-            usual.append(("--kl", self.cfg.kl, 10.0) if self.cfg.method == "grpo" else ("--beta", self.cfg.beta, 100.0))
-        option, value, top = max(usual, key=lambda u: u[1] / u[2])
+        option, value, top = max(self.cfg.scales(), key=lambda u: u[1] / u[2])
         if option == "--lr" or value <= top:
-            cause = (f"the learning rate (--lr {self.cfg.lr:g}; {lr:.3g} at this iteration of the schedule): rerun "
+            cause = (f"the learning rate (--lr {self.cfg.loop.lr:g}; {lr:.3g} at this iteration of the schedule): rerun "
                      "with a lower --lr and --force")
         else:
             cause = (f"{option} {value:g}, far above its usual range (up to {top:g}): rerun with a smaller {option} "

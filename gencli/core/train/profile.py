@@ -47,7 +47,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import ProfileConfig, TrainConfig
+from gencli.config import ProfileConfig, SftConfig
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab, sid_rows
@@ -70,7 +70,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 _MB = 1024 * 1024
 
 
-def variant_config(train_cfg: TrainConfig, variant: str) -> TrainConfig:
+def variant_config(train_cfg: SftConfig, variant: str) -> SftConfig:
     """``train_cfg`` with SAP/MAP switched as the variant says (its other STAMP settings kept)."""
     sap, mtp = VARIANT_FLAGS[variant]
     return dataclasses.replace(train_cfg, stamp=dataclasses.replace(train_cfg.stamp, sap=sap, map=mtp))
@@ -160,7 +160,7 @@ class PhaseClock:
 
 def profile_variant(
     variant: str,
-    train_cfg: TrainConfig,
+    train_cfg: SftConfig,
     model_dir: Path,
     dataset: SftExamples,
     batches: list[np.ndarray],
@@ -179,16 +179,16 @@ def profile_variant(
     model.train()
     stamp = resolve(model, cfg.stamp)
     loss_fn = make_loss(stamp, rows)
-    groups = default_param_groups(model, cfg.weight_decay)
+    groups = default_param_groups(model, cfg.loop.weight_decay)
     params = [p for g in groups for p in g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.loop.weight_decay)
     amp_dtype = resolve_dtype(cfg.dtype, device)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and amp_dtype == torch.float16)
     clock = PhaseClock(device)
 
     def step(indices: np.ndarray) -> tuple[float, int]:
         result = train_step(model, [collate(dataset, indices, pad_id)], loss_fn, optimizer, scaler,
-                            cfg.max_grad_norm, device, amp_dtype, clock=clock)
+                            cfg.loop.max_grad_norm, device, amp_dtype, clock=clock)
         return result.loss / max(1, result.n_targets), result.n_inputs
 
     for indices in batches[:warmup_steps]:
@@ -253,7 +253,7 @@ def _top_ops(run_step: Callable[[], Any], device: torch.device, top: int = 10) -
 
 def run(
     cfg: ProfileConfig,
-    train_cfg: TrainConfig,
+    train_cfg: SftConfig,
     model_dir: Path,
     vocab_path: Path,
     item_codes: np.ndarray,
@@ -330,8 +330,7 @@ def run_step(cfg: ProfileConfig, inputs, out_dir: Path, progress: Progress = SIL
     step it reads."""
     from gencli.config import from_dict
 
-    train_cfg = from_dict(TrainConfig, inputs.record("sft").get("params", {})) if inputs.done("sft") \
-        else TrainConfig(task="sft")
+    train_cfg = from_dict(SftConfig, inputs.record("sft").get("params", {})) if inputs.done("sft") else SftConfig()
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
     metrics = run(cfg, train_cfg, model_dir, vocab_path, codes, inputs.split("train"), out_dir, progress)

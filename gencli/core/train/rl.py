@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import TrainConfig
+from gencli.config import BATCH, SFT_MAX_HISTORY, RlConfig
 from gencli.core import artifacts, dist
 from gencli.core.device import resolve_device
 from gencli.core.infer.blendfile import BlendFile
@@ -41,22 +41,22 @@ from gencli.core.train.validation import EVAL_METRIC, Validation, content_ranker
 from gencli.errors import ArtifactError, InputError
 
 
-def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
+def run(cfg: RlConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
         valid: pl.DataFrame | None, embeddings: np.ndarray, out_dir: Path, progress: Progress = SILENT,
         resume: bool = False, events: tuple[np.ndarray, np.ndarray] | None = None,
-        start_dir: Path | None = None) -> dict[str, Any]:
+        start_dir: Path | None = None, max_history: int = SFT_MAX_HISTORY) -> dict[str, Any]:
     """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
-    ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``cfg.max_history`` is the prompt
-    length sft trained with; ``start_dir`` the folder of the step that wrote ``model_dir`` (its ``blend.json`` is
-    the bar rl must clear). Returns the summary metrics."""
+    ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``max_history`` is the prompt length
+    sft trained with; ``start_dir`` the folder of the step that wrote ``model_dir`` (its ``blend.json`` is the bar
+    rl must clear). Returns the summary metrics."""
     out_dir = Path(out_dir)
     if valid is None or valid.height == 0:
         raise InputError("rl picks its checkpoint on the valid split, and ingest wrote none; ingest with a split "
                          "that keeps a validation target per user (the default --split loo)")
     vocab, item_tokens = load_sids(vocab_path, item_codes, train, valid)
     ranker = content_ranker(embeddings, item_tokens, train)
-    dataset = PromptExamples(train["sequence"], item_tokens, vocab, cfg.max_history, cfg.rl_targets,
-                             cfg.max_prompts, cfg.seed)
+    dataset = PromptExamples(train["sequence"], item_tokens, vocab, max_history, cfg.rl_targets, cfg.max_prompts,
+                             cfg.seed)
     if len(dataset) == 0:
         raise InputError("the train split has no sequence with 2 or more items, so rl has no prompt; "
                          "ingest with a larger --min-user-events or check the interactions file")
@@ -66,45 +66,28 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
     rows = sid_rows(vocab) if vocab.softmax == "sid" else None
     loss = PreferenceLoss(dataset, item_tokens, SidTrie(item_tokens), reference, cfg.method, cfg.rollouts,
                           cfg.negatives, cfg.beta, kl=cfg.kl, softmax_rows=rows, mask_seen=not cfg.rollout_seen)
-    evaluate = Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker, metric=EVAL_METRIC)
-    callbacks: list[Any] = [ProgressCallback(progress, "rl")]
-    if cfg.patience > 0:
-        callbacks.append(EarlyStopping(cfg.patience))
-    if cfg.max_time > 0:
-        callbacks.append(TimeLimit(cfg.max_time, True))
+    # validation decodes over the full vocabulary, as rl always has (its validation takes no --sid-softmax)
+    evaluate = Validation(valid, item_tokens, vocab, cfg.validation, device, max_history=max_history,
+                          batch_size=cfg.loop.batch_size or BATCH, ranker=ranker, metric=EVAL_METRIC)
+    patience, max_time = cfg.validation.patience, cfg.loop.max_time
+    callbacks = [ProgressCallback(progress, "rl"), *([EarlyStopping(patience)] if patience > 0 else []),
+                 *([TimeLimit(max_time, True)] if max_time > 0 else [])]
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = fit(model, dataset, cfg, out_dir, pad_id=vocab.pad_id, loss_fn=loss, evaluate=evaluate,
                   metric=EVAL_METRIC, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume,
                   evaluate_first=True)
     (out_dir / artifacts.SID_VOCAB).write_bytes(Path(vocab_path).read_bytes())  # sft's, softmax included
     curve = summary.pop("evals")
-    best = summary[f"best_{EVAL_METRIC}"]
-    start_blend = read_blend(start_dir)
-    averaged = (summary.get("average") or {}).get("members", 1) > 1
-    if start_blend is not None and summary["best_step"] == 0 and not averaged:
-        # no update won: rl's model is sft's, bit for bit, and so would its refitted blend be
-        guard = {"kept": "sft", "compared": True, "reason": "no update beat the start model on validation"}
-    else:
-        floors = cold_floors(start_blend, evaluate)
-        blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(curve), best, events,
-                                             cold_floors=floors or None)
-        guard = keep_better(blends, start_blend, floors)
-    if guard["kept"] == "sft":
-        if dist.is_main():  # under torchrun, rank 0 writes the step's files, as fit does
-            copy_start(start_dir, out_dir)
-        blends = start_blend
-    else:
-        write_ranking(out_dir, blends, stats)
-    start = curve[0][EVAL_METRIC] if curve and curve[0]["step"] == 0 else None
+    blends, guard = settle(evaluate, summary, len(curve), events, start_dir, out_dir)
     stats = loss.stats
     return {
         "task": "rl",
         "method": cfg.method,
         **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
         "prompts": len(dataset),
-        "max_history": cfg.max_history,
-        "start_ndcg@10": start,  # sft's model, validated before the first update
-        "peak_ndcg@10": best,
+        "max_history": max_history,
+        "start_ndcg@10": curve[0][EVAL_METRIC] if curve and curve[0]["step"] == 0 else None,  # sft's, before updates
+        "peak_ndcg@10": summary[f"best_{EVAL_METRIC}"],
         "peak_step": summary["best_step"],  # 0: no update beat the start model, which stays rl's model
         "kept": guard["kept"],  # "sft": rl's model, with a blend that keeps the cold users, did not beat sft's
         "guard": guard,
@@ -117,16 +100,35 @@ def run(cfg: TrainConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndar
     }
 
 
-def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
-    """The rl step: sft's model and prompt length, quantize's SIDs, ingest's splits, embed's vectors."""
-    import dataclasses
+def settle(evaluate: Validation, summary: dict[str, Any], evals: int, events: tuple[np.ndarray, np.ndarray] | None,
+           start_dir: Path | None, out_dir: Path) -> tuple[BlendFile, dict[str, Any]]:
+    """Fit rl's blend to its model and keep rl's model and blend, or the start step's when rl's do not beat them
+    (:func:`keep_better`); write the kept ones into ``out_dir``. Returns the kept blend file and the comparison."""
+    start_blend = read_blend(start_dir)
+    averaged = (summary.get("average") or {}).get("members", 1) > 1
+    if start_blend is not None and summary["best_step"] == 0 and not averaged:
+        # no update won: rl's model is sft's, bit for bit, and so would its refitted blend be
+        guard = {"kept": "sft", "compared": True, "reason": "no update beat the start model on validation"}
+    else:
+        floors = cold_floors(start_blend, evaluate)
+        blends, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, evals, summary[f"best_{EVAL_METRIC}"],
+                                             events, cold_floors=floors or None)
+        guard = keep_better(blends, start_blend, floors)
+    if guard["kept"] == "sft":
+        if dist.is_main():  # under torchrun, rank 0 writes the step's files, as fit does
+            copy_start(start_dir, out_dir)
+        return start_blend, guard
+    write_ranking(out_dir, blends, stats)
+    return blends, guard
 
+
+def run_step(cfg: RlConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+    """The rl step: sft's model and prompt length, quantize's SIDs, ingest's splits, embed's vectors."""
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
-    cfg = dataclasses.replace(cfg, max_history=inputs.trained_history())
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"),
                   inputs.embeddings(), out_dir, progress, resume=inputs.resume, events=prior_events(inputs),
-                  start_dir=inputs.dir(inputs.model_step))
+                  start_dir=inputs.dir(inputs.model_step), max_history=inputs.trained_history())
     return {"started_from": inputs.model_step, **metrics}
 
 

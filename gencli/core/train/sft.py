@@ -9,12 +9,11 @@ With ``cfg.sid_softmax`` the loss normalises over the SID token rows only (see
 constrained decoder never considers anything else, while the head matmul shrinks
 from the whole base vocabulary to the SID rows.
 
-Validation: the valid split's users (every one up to ``cfg.eval_users``, above that a subsample fixed by
-VALID_SEED, the same whatever the training seed) are decoded with the constrained beam search (``cfg.eval_beams``
-beams) every ``cfg.eval_every`` steps, or ``cfg.evals_per_epoch`` times per epoch,
-and at the end; the best NDCG@10 of the served ranking is kept in ``best/`` and becomes ``model/``. By
-default sft trains to the plateau: a high epoch cap (``cfg.epoch_budget``) that
-early stopping (``cfg.patience`` validations without a new best) ends first.
+Validation (:mod:`gencli.core.train.validation`, settings in ``cfg.validation``): the valid split's users are decoded
+with the constrained beam search every ``--eval-every`` steps, or ``--evals-per-epoch`` times per epoch, and at the
+end; the best NDCG@10 of the served ranking is kept in ``best/`` and becomes ``model/``. By default sft trains to
+the plateau: a high epoch cap (``cfg.epoch_budget``) that early stopping (``--patience`` validations without a new
+best, once the plateau rule allows) ends first.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import TrainConfig
+from gencli.config import BATCH, SftConfig
 from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
@@ -49,7 +48,7 @@ from gencli.errors import InputError
 
 
 def run(
-    cfg: TrainConfig,
+    cfg: SftConfig,
     model_dir: Path,
     vocab_path: Path,
     item_codes: np.ndarray,
@@ -79,13 +78,16 @@ def run(
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
     ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train)
     counts = tables.train_target_counts(train, len(item_tokens)) if ranker is None else ranker.counts
-    evaluate = None if valid is None else Validation(valid, item_tokens, vocab, cfg, device, ranker=ranker,
-                                                      target_counts=counts)
-    stopping = EarlyStopping(cfg.patience, cfg.min_evals) if cfg.patience > 0 else None
+    rows = sid_rows(vocab) if cfg.sid_softmax else None  # also decoding: base-token logits stay untrained
+    evaluate = None if valid is None else Validation(
+        valid, item_tokens, vocab, cfg.validation, device, max_history=cfg.max_history,
+        batch_size=cfg.loop.batch_size or BATCH, softmax_rows=rows, ranker=ranker, target_counts=counts)
+    patience, max_time = cfg.validation.patience, cfg.loop.max_time
+    stopping = EarlyStopping(patience, cfg.min_evals) if patience > 0 else None
     callbacks = [ProgressCallback(progress, "sft"), *([stopping] if stopping is not None else []),
-                 *([TimeLimit(cfg.max_time, evaluate is not None)] if cfg.max_time > 0 else [])]
+                 *([TimeLimit(max_time, evaluate is not None)] if max_time > 0 else [])]
     out_dir.mkdir(parents=True, exist_ok=True)
-    loss = make_loss(stamp, sid_rows(vocab) if cfg.sid_softmax else None)
+    loss = make_loss(stamp, rows)
     summary = fit(model, dataset, cfg, out_dir, pad_id=vocab.pad_id, loss_fn=loss, evaluate=evaluate,
                   metric=EVAL_METRIC, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume)
     vocab_record = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
@@ -104,7 +106,7 @@ def run(
     return sft_metrics(cfg, summary, dataset, train.height, stamp, plateau, blend, fit_seconds, out_dir)
 
 
-def sft_metrics(cfg: TrainConfig, summary: dict[str, Any], dataset: SftExamples, users: int, stamp: Any,
+def sft_metrics(cfg: SftConfig, summary: dict[str, Any], dataset: SftExamples, users: int, stamp: Any,
                 plateau: dict[str, Any] | None, blend: BlendFile | None, fit_seconds: float | None,
                 out_dir: Path) -> dict[str, Any]:
     """sft's metrics from the loop's ``summary``: the run's size, how it stopped, the validation curve with its
@@ -122,7 +124,7 @@ def sft_metrics(cfg: TrainConfig, summary: dict[str, Any], dataset: SftExamples,
         "users": users,
         "sid_softmax": cfg.sid_softmax,
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
-        "stop_reason": summary["stop_reason"] or ("max_steps" if cfg.max_steps else "epochs"),
+        "stop_reason": summary["stop_reason"] or ("max_steps" if cfg.loop.max_steps else "epochs"),
         **({"plateau": plateau} if plateau is not None else {}),
         "select_metric": EVAL_METRIC,
         "final_ndcg@10": curve[-1][EVAL_METRIC] if curve else None,
@@ -136,22 +138,22 @@ def sft_metrics(cfg: TrainConfig, summary: dict[str, Any], dataset: SftExamples,
     }
 
 
-def cut_schedule_warning(summary: dict[str, Any], cfg: TrainConfig) -> str | None:
+def cut_schedule_warning(summary: dict[str, Any], cfg: SftConfig) -> str | None:
     """A warning when ``--max-time`` stopped training before the learning rate had decayed (still warming up, or
     above a quarter of its peak): the schedule spans the epoch cap, not the time budget, and its decay is what
     generalises."""
     steps, total, warmup = summary["steps"], summary["max_steps"], summary["warmup_steps"]
     if summary.get("stop_reason") != "max_time" or steps >= total:
         return None
-    if steps >= warmup and lr_factor(steps, warmup, total, cfg.schedule) <= 0.25:
+    if steps >= warmup and lr_factor(steps, warmup, total, cfg.loop.schedule) <= 0.25:
         return None
     return (f"--max-time stopped sft at step {steps} of the {total} its learning-rate schedule spans "
             f"({steps / total:.0%}), before the rate had decayed; a schedule that decays within the budget usually "
-            f"generalises better (docs/usage.md). About {steps} steps fit in {cfg.max_time:g} s at this speed: give "
+            f"generalises better (docs/usage.md). About {steps} steps fit in {cfg.loop.max_time:g} s at this speed: give "
             f"--max-steps {steps} (or a smaller --epochs) with the same --max-time")
 
 
-def stamp_windows_warning(cfg: TrainConfig) -> str | None:
+def stamp_windows_warning(cfg: SftConfig) -> str | None:
     """SAP prunes only non-target tokens, and window samples make about half of every window targets."""
     if not (cfg.stamp.sap and cfg.samples == "windows"):
         return None
@@ -160,7 +162,7 @@ def stamp_windows_warning(cfg: TrainConfig) -> str | None:
             "--samples prefixes with --stamp, and measure with gencli profile (docs/usage.md, STAMP)")
 
 
-def run_step(cfg: TrainConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
+def run_step(cfg: SftConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
     """The sft step: the model it starts from (``--from``), quantize's SIDs, ingest's splits, embed's vectors."""
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()

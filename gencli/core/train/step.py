@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gencli.config import StampConfig, TrainConfig
+from gencli.config import RlConfig, SftConfig, StampConfig, TrainingConfig
 from gencli.core import dist
 from gencli.core.lm.loss import IGNORE_INDEX, LossFn, TokenLoss
 from gencli.core.stamp.loss import StampLoss
@@ -180,17 +180,19 @@ def lr_factor(step: int, warmup: int, total: int, kind: str) -> float:
     return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def plan_steps(cfg: TrainConfig, n_examples: int) -> tuple[int, int]:
+def plan_steps(cfg: TrainingConfig, n_examples: int) -> tuple[int, int]:
     """(max optimizer steps, warmup steps) for ``n_examples`` training examples."""
     per_epoch = batches_per_epoch(n_examples, cfg.micro_batch(n_examples))
-    total = cfg.max_steps or max(1, math.ceil(cfg.epoch_budget * per_epoch / cfg.grad_accum))
-    return total, math.ceil(cfg.warmup_ratio * total)
+    loop = cfg.loop
+    total = loop.max_steps or max(1, math.ceil(cfg.epoch_budget * per_epoch / loop.grad_accum))
+    return total, math.ceil(loop.warmup_ratio * total)
 
 
-def eval_interval(cfg: TrainConfig, n_examples: int) -> int:
+def eval_interval(cfg: SftConfig | RlConfig, n_examples: int) -> int:
     """Optimizer steps between validations: ``eval_every``, else an epoch's steps / ``evals_per_epoch`` (rounded
     up, so an epoch never gets more than that many), 0 = only at the end of training."""
-    if cfg.eval_every > 0 or cfg.evals_per_epoch == 0:
-        return cfg.eval_every
-    steps_per_epoch = math.ceil(batches_per_epoch(n_examples, cfg.micro_batch(n_examples)) / cfg.grad_accum)
-    return max(1, math.ceil(steps_per_epoch / cfg.evals_per_epoch))
+    every, per_epoch = cfg.validation.eval_every, cfg.validation.evals_per_epoch
+    if every > 0 or per_epoch == 0:
+        return every
+    steps_per_epoch = math.ceil(batches_per_epoch(n_examples, cfg.micro_batch(n_examples)) / cfg.loop.grad_accum)
+    return max(1, math.ceil(steps_per_epoch / per_epoch))

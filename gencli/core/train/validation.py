@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from gencli.config import BATCH, StampConfig, TrainConfig
+from gencli.config import BATCH, StampConfig, ValidationConfig
 from gencli.core import artifacts, dist
 from gencli.core.data import tables
 from gencli.core.infer.blend import FIT_K, Candidates, Ranker, content_ranking, first_groups, target_ranks
@@ -30,7 +30,7 @@ from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
 from gencli.core.infer.prior import fit_prior
 from gencli.core.lm.backbone import load_model
-from gencli.core.lm.prompt import SidVocab, sid_rows
+from gencli.core.lm.prompt import SidVocab
 from gencli.core.train.plateau import LevelLoss, frequency_ce, left_plateau
 from gencli.errors import InputError
 
@@ -41,21 +41,22 @@ VALID_FIT_STEP = 0.25  # the blend grid of each validation (the final fit, after
 
 class Validation:
     """The validation of sft and rl: NDCG@10 and Recall@5/10 (@20 when the beam allows) of the valid users (a
-    subsample of ``cfg.eval_users`` fixed by VALID_SEED above that many), decoded by the same
+    subsample of ``cfg.eval_users`` fixed by VALID_SEED above that many; prompts of ``max_history`` items, decoded
+    ``batch_size`` at a time, normalised over ``softmax_rows`` when given), decoded by the same
     :class:`~gencli.core.infer.evaluate.Evaluator` as ``gencli eval``. With a ``ranker`` it scores what is served:
     seen items masked, ranked by the blend of model and content fitted on these users (a coarse grid,
     VALID_FIT_STEP); the model alone is reported beside it, and the best validation's candidates are kept for the
     final fit (:meth:`final_blend`)."""
 
-    def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: TrainConfig,
-                 device: torch.device, prune: StampConfig | None = None, ranker: Ranker | None = None,
+    def __init__(self, valid: pl.DataFrame, item_tokens: np.ndarray, vocab: SidVocab, cfg: ValidationConfig,
+                 device: torch.device, *, max_history: int, batch_size: int = BATCH,
+                 softmax_rows: list[int] | None = None, prune: StampConfig | None = None, ranker: Ranker | None = None,
                  metric: str = EVAL_METRIC, target_counts: np.ndarray | None = None):
-        self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=cfg.max_history,
+        self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=max_history,
                                    max_users=cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=ranker)
         self.exclude_seen = ranker is not None  # the served ranking; the model alone: the usual protocol
         self.valid, self.item_tokens, self.vocab = valid, item_tokens, vocab
-        # a SID-restricted softmax leaves base-token logits untrained: normalise over SID rows when decoding
-        self.softmax_rows = sid_rows(vocab) if cfg.sid_softmax else None
+        self.softmax_rows, self.batch_size = softmax_rows, batch_size
         self.ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
         self.cfg, self.device, self.prune, self.ranker, self.metric = cfg, device, prune, ranker, metric
         self.runs = 0
@@ -67,7 +68,7 @@ class Validation:
             self.freq_ce = frequency_ce(vocab.token_ids, item_tokens, target_counts, self.level_loss.targets)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
-        result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH,
+        result = self.evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size,
                                 device=self.device, softmax_rows=self.softmax_rows, prune=self.prune,
                                 fit_step=VALID_FIT_STEP if self.ranker is not None else 0.0,
                                 exclude_seen=self.exclude_seen)
@@ -133,7 +134,7 @@ class Validation:
         return BlendFile(blends, by_history, fitted, prior), stats
 
     def _candidates(self, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
-        return self.evaluator(model, self.ks, self.cfg.eval_beams, self.cfg.batch_size or BATCH, device=self.device,
+        return self.evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,
                               softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP,
                               exclude_seen=exclude_seen).candidates
 

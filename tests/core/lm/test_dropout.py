@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import train_config
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
 from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.presets import tiny_config
 from gencli.errors import ConfigError, InputError
@@ -76,4 +76,4 @@ def test_a_model_without_decoder_branches_is_refused():
 @pytest.mark.parametrize("value", [-0.1, 1.0])
 def test_dropout_outside_zero_one_is_a_config_error(value):
     with pytest.raises(ConfigError, match="--dropout must be in"):
-        TrainConfig(dropout=value)
+        train_config(dropout=value)

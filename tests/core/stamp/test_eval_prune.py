@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import sap_scores_by_hand, tiny_qwen3
+from factories import sap_scores_by_hand, tiny_qwen3, train_config
 
-from gencli.config import EvalConfig, StampConfig, TrainConfig
+from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.evaluate import run
@@ -171,6 +171,6 @@ def test_config_validates_every_prune_option_and_defaults_follow_training():
     with pytest.raises(ConfigError) as err:
         EvalConfig(stamp=StampConfig(sap=True, layer=-1, keep_ratio=0.0, recent_window=0))
     assert [p.split(" ")[0] for p in err.value.problems] == ["--stamp-layer", "--keep-ratio", "--recent-window"]
-    eval_cfg, train = EvalConfig(), TrainConfig()
+    eval_cfg, train = EvalConfig(), train_config()
     assert not eval_cfg.stamp.sap
     assert eval_cfg.stamp == train.stamp  # one set of STAMP settings for training and eval --prune

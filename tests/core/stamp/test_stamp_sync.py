@@ -7,10 +7,11 @@ import math
 
 import pytest
 import torch
+from factories import train_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gencli.config import StampConfig, TrainConfig
+from gencli.config import StampConfig
 from gencli.core.lm.loss import TokenLoss
 from gencli.core.stamp import sap as stamp_sap
 from gencli.core.stamp.loss import PLAN, Plan, StampLoss, map_weight
@@ -154,7 +155,7 @@ def test_map_weight_warms_up_linearly():
     assert [map_weight(cfg, s) for s in range(6)] == [0.0, 0.1 * 1 / 4, 0.1 * 2 / 4, 0.1 * 3 / 4, 0.1, 0.1]
     assert map_weight(StampConfig(map=True, mtp_weight=0.1, mtp_warmup=0), 0) == 0.1
     with pytest.raises(ConfigError, match="mtp-warmup"):
-        TrainConfig(stamp=StampConfig(mtp_warmup=-1))
+        train_config(stamp=StampConfig(mtp_warmup=-1))
 
 
 def test_the_training_step_sets_the_weight_from_the_optimizer_steps():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from factories import build_sid_model
+from factories import build_sid_model, train_config
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
+from gencli.config import CptConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
@@ -24,10 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
-def train_cfg(**kw) -> TrainConfig:
-    base = dict(task="cpt", device="cpu", batch_size=8, lr=1e-2, weight_decay=0.1, max_steps=4, log_every=1)
+def train_cfg(**kw) -> CptConfig:
+    base = dict(device="cpu", batch_size=8, lr=1e-2, weight_decay=0.1, max_steps=4, log_every=1)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config("cpt", **base)
 
 
 @pytest.mark.parametrize("tied", [True, False])

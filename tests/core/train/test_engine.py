@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from factories import train_config
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
+from gencli.config import SftConfig
 from gencli.core import artifacts
 from gencli.core.lm.dropout import add_dropout
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
@@ -47,10 +48,10 @@ def toy_examples(n: int = 10, seed: int = 1) -> ListExamples:
     return ListExamples(inputs, labels)
 
 
-def cfg(**kw) -> TrainConfig:
+def cfg(**kw) -> SftConfig:
     base = dict(device="cpu", batch_size=4, lr=3e-3, warmup_ratio=0.2, log_every=1, max_steps=6, seed=7)
     base.update(kw)
-    return TrainConfig(**base)
+    return train_config(**base)
 
 
 def read_metrics(out_dir: Path, kind: str = "train") -> list[dict]:
@@ -175,7 +176,7 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path):
 
     options = cfg(max_steps=20, eval_every=1, patience=2, average=1)  # the best checkpoint alone (soup: test_soup.py)
     summary = fit(tiny_model(), toy_examples(), options, tmp_path, pad_id=PAD, evaluate=evaluate,
-                  callbacks=[EarlyStopping(options.patience)])
+                  callbacks=[EarlyStopping(options.validation.patience)])
     assert summary["steps"] == 4 and summary["stopped_early"]
     assert summary["best_step"] == 2 and summary["best_recall@5"] == 0.3
     valid = read_metrics(tmp_path, "valid")
@@ -184,7 +185,7 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(tmp_path):
     final = Qwen3ForCausalLM.from_pretrained(tmp_path / artifacts.MODEL_DIR)
     assert_same_params(params_of(final), snapshots[1])  # model/ = best/ = weights at step 2
     again = fit(tiny_model(), toy_examples(), options, tmp_path, pad_id=PAD, evaluate=evaluate,
-                callbacks=[EarlyStopping(options.patience)], resume=True)
+                callbacks=[EarlyStopping(options.validation.patience)], resume=True)
     assert again["steps"] == 4 and again["stopped_early"]  # a stopped run stays stopped
 
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from factories import build_sid_model
+from factories import build_sid_model, train_config
 
-from gencli.config import ProfileConfig, StampConfig, TrainConfig
+from gencli.config import ProfileConfig, StampConfig
 from gencli.core.train import profile
 from gencli.errors import ConfigError, InputError
 from gencli.workspace.hashing import sha256_file
@@ -32,8 +32,8 @@ def train_split(n_users: int = 16) -> pl.DataFrame:
 def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     before = {p.name: sha256_file(p) for p in model_dir.iterdir()}
-    train_cfg = TrainConfig(batch_size=8, max_history=10, max_prefixes=2, samples="prefixes", sid_softmax=True,
-                            stamp=StampConfig(layer=1, keep_ratio=0.5, recent_window=4))
+    train_cfg = train_config(batch_size=8, max_history=10, max_prefixes=2, samples="prefixes", sid_softmax=True,
+                             stamp=StampConfig(layer=1, keep_ratio=0.5, recent_window=4))
     cfg = ProfileConfig(steps=2, warmup_steps=1, device="cpu", detail=True)
     out = profile.run(cfg, train_cfg, model_dir, vocab_path, CODES, train_split(), tmp_path / "out")
 
@@ -52,7 +52,7 @@ def test_profile_measures_every_variant_on_the_same_batches(tmp_path):
 
 
 def test_variant_flags_and_config_checks(tmp_path):
-    cfg = TrainConfig(stamp=StampConfig(sap=True, map=False, keep_ratio=0.3))
+    cfg = train_config(stamp=StampConfig(sap=True, map=False, keep_ratio=0.3))
     base = profile.variant_config(cfg, "base").stamp
     assert (base.sap, base.map) == (False, False)
     stamp = profile.variant_config(cfg, "stamp").stamp
@@ -61,5 +61,5 @@ def test_variant_flags_and_config_checks(tmp_path):
         ProfileConfig(variants=("base", "fast"))
     model_dir, vocab_path = build_sid_model(tmp_path, layers=3, max_positions=256)
     with pytest.raises(InputError, match="profile needs 51"):
-        profile.run(ProfileConfig(steps=50, device="cpu"), TrainConfig(batch_size=8), model_dir, vocab_path, CODES,
+        profile.run(ProfileConfig(steps=50, device="cpu"), train_config(batch_size=8), model_dir, vocab_path, CODES,
                     train_split(4), tmp_path / "out")

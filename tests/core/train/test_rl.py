@@ -10,10 +10,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, toy_splits
+from factories import TOY_CODES, build_sid_model, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.blendfile import BlendFile
@@ -185,10 +184,10 @@ def _rl_inputs(tmp_path):
 
 def test_rl_run_validates_the_start_model_and_never_ends_worse(tmp_path):
     model_dir, vocab_path, train, valid, emb = _rl_inputs(tmp_path)
-    cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=4, eval_every=2,
-                      eval_users=8, max_history=20, rollouts=6, negatives=3, log_every=1, patience=0)
+    cfg = train_config("rl", start_from="sft", device="cpu", batch_size=4, max_steps=4, eval_every=2,
+                       eval_users=8, rollouts=6, negatives=3, log_every=1, patience=0)
     out = tmp_path / "rl"
-    metrics = rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, out)
+    metrics = rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, out, max_history=20)
 
     steps = [s for s, _ in metrics["valid_curve"]]
     assert steps == [0, 2, 4] and metrics["start_ndcg@10"] == metrics["valid_curve"][0][1]
@@ -213,11 +212,11 @@ def test_rl_config_checks_its_options():
     from gencli.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        TrainConfig(task="rl", start_from="init-vocab", rollouts=4, negatives=4, beta=0.0, eval_beams=5)
+        train_config("rl", start_from="init-vocab", rollouts=4, negatives=4, beta=0.0, eval_beams=5)
     text = str(err.value)
     for field in ("--from", "--negatives", "--beta", "--eval-beams"):
         assert field in text
-    assert TrainConfig(task="rl", start_from="sft").peak_lr == 1e-4 and TrainConfig().peak_lr == 1e-3
+    assert train_config("rl", start_from="sft").peak_lr == 1e-4 and train_config().peak_lr == 1e-3
 
 
 def test_rl_prompts_are_capped_by_a_seeded_subsample_in_log_order(tmp_path):
@@ -235,13 +234,13 @@ def test_rl_prompts_are_capped_by_a_seeded_subsample_in_log_order(tmp_path):
 
 def test_rl_keeps_the_start_model_and_blend_when_no_update_wins(tmp_path):
     model_dir, vocab_path, train, valid, emb = _rl_inputs(tmp_path)
-    cfg = TrainConfig(task="rl", start_from="sft", device="cpu", batch_size=4, max_steps=2, eval_every=1,
-                      eval_users=8, max_history=20, rollouts=6, negatives=3, patience=0, lr=1e-2, average=1)
+    cfg = train_config("rl", start_from="sft", device="cpu", batch_size=4, max_steps=2, eval_every=1,
+                       eval_users=8, rollouts=6, negatives=3, patience=0, lr=1e-2, average=1)
     start = tmp_path / "first"  # the start step's folder: a model with its blend.json and item_prior.npy
-    assert rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, start)["kept"] == "rl"
+    assert rl.run(cfg, model_dir, vocab_path, TOY_CODES, train, valid, emb, start, max_history=20)["kept"] == "rl"
     out = tmp_path / "second"
     metrics = rl.run(cfg, start / artifacts.MODEL_DIR, vocab_path, TOY_CODES, train, valid, emb, out,
-                     start_dir=start)
+                     start_dir=start, max_history=20)
     # on these toys both updates lower validation NDCG@10 (seeded): the start model stays, its blend with it
     assert metrics["peak_step"] == 0 and metrics["valid_curve"][2][1] < metrics["valid_curve"][0][1]
     assert metrics["kept"] == "sft" and metrics["guard"]["reason"].startswith("no update")

@@ -7,10 +7,10 @@ import json
 import polars as pl
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, toy_splits
+from factories import TOY_CODES, build_sid_model, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import StampConfig, TrainConfig
+from gencli.config import StampConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.lm.prompt import SidVocab, item_token_ids, load_sid_vocab, sid_rows
@@ -56,8 +56,8 @@ def test_sid_softmax_loss_equals_restricted_cross_entropy(tmp_path):
 def test_sft_run_validates_keeps_the_best_and_reports_the_peak(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=10,
-                      sid_softmax=True, log_every=1)
+    cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=10,
+                       sid_softmax=True, log_every=1)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
@@ -96,7 +96,7 @@ def test_sft_rejects_items_without_sids(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path)
     train = pl.DataFrame({"user_idx": [0], "sequence": [[1, 2, 99]]})
     with pytest.raises(Exception, match="99"):
-        sft.run(TrainConfig(device="cpu", max_steps=1), model_dir, vocab_path, CODES, train, None, tmp_path / "o")
+        sft.run(train_config(device="cpu", max_steps=1), model_dir, vocab_path, CODES, train, None, tmp_path / "o")
 
 
 def test_sft_with_sap_records_the_layer_auto_resolved_to_and_rejects_a_bad_one_before_writing(tmp_path):
@@ -104,26 +104,26 @@ def test_sft_with_sap_records_the_layer_auto_resolved_to_and_rejects_a_bad_one_b
 
     model_dir, vocab_path = build_sid_model(tmp_path / "in", layers=4)
     train, valid = toy_splits()
-    cfg = TrainConfig(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=10,
-                      stamp=StampConfig(sap=True, keep_ratio=0.5, recent_window=4))
+    cfg = train_config(device="cpu", batch_size=8, max_steps=2, eval_users=4, eval_beams=10,
+                       stamp=StampConfig(sap=True, keep_ratio=0.5, recent_window=4))
     assert cfg.stamp.layer == 0  # the default: a quarter of the layers, at least 2
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "sft")
     assert metrics["stamp_layer"] == 2
-    plain = sft.run(TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_users=4, eval_beams=10), model_dir,
+    plain = sft.run(train_config(device="cpu", batch_size=8, max_steps=1, eval_users=4, eval_beams=10), model_dir,
                     vocab_path, CODES, train, valid, tmp_path / "plain")
     assert "stamp_layer" not in plain
     with pytest.raises(ConfigError, match=r"--stamp-layer must be in \[1, 3\] for this 4-layer model \(got 4\)"):
-        sft.run(TrainConfig(device="cpu", max_steps=1, stamp=StampConfig(sap=True, layer=4)), model_dir, vocab_path, CODES, train,
+        sft.run(train_config(device="cpu", max_steps=1, stamp=StampConfig(sap=True, layer=4)), model_dir, vocab_path, CODES, train,
                 valid, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()  # failed before any output
 
 
 def test_stamp_with_window_samples_warns_and_points_to_prefixes():
     stamp = StampConfig(sap=True, map=True)
-    assert "--samples prefixes" in sft.stamp_windows_warning(TrainConfig(stamp=stamp))
-    assert sft.stamp_windows_warning(TrainConfig(stamp=stamp, samples="prefixes")) is None
-    assert sft.stamp_windows_warning(TrainConfig(stamp=StampConfig(map=True))) is None  # MAP alone prunes nothing
-    assert sft.stamp_windows_warning(TrainConfig()) is None
+    assert "--samples prefixes" in sft.stamp_windows_warning(train_config(stamp=stamp))
+    assert sft.stamp_windows_warning(train_config(stamp=stamp, samples="prefixes")) is None
+    assert sft.stamp_windows_warning(train_config(stamp=StampConfig(map=True))) is None  # MAP alone prunes nothing
+    assert sft.stamp_windows_warning(train_config()) is None
 
 
 def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_path):
@@ -132,8 +132,8 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=10,
-                      save_every=2, patience=0)
+    cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=10,
+                       save_every=2, patience=0)
     whole = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "whole", embeddings=emb)
     record = json.loads((tmp_path / "whole" / artifacts.BLEND).read_text())
     assert record["blends"]["exclude_seen"] == whole["blend"]  # each policy is fitted on its own candidates
@@ -153,9 +153,9 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     tokens = item_token_ids(CODES, vocab)
     from gencli.core.data.tables import train_target_counts
 
-    fresh = Validation(valid, tokens, vocab, cfg, torch.device("cpu"),
-                           ranker=Ranker(ContentScorer(emb), first_groups(tokens),
-                                         counts=train_target_counts(train, len(tokens))))
+    fresh = Validation(valid, tokens, vocab, cfg.validation, torch.device("cpu"), max_history=cfg.max_history,
+                       batch_size=cfg.loop.batch_size, ranker=Ranker(ContentScorer(emb), first_groups(tokens),
+                                                                     counts=train_target_counts(train, len(tokens))))
     again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_ndcg@10"])
     assert again.to_json() == (tmp_path / "whole" / artifacts.BLEND).read_text() and json.loads(again.to_json()) == record
     assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()

@@ -8,10 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import build_sid_model
+from factories import build_sid_model, train_config
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.infer.beam import constrained_beam_search
 from gencli.core.infer.trie import SidTrie
@@ -34,8 +33,8 @@ def test_a_deterministic_next_item_rule_is_learnt_to_near_perfect_recall_at_1(tm
     train = pl.DataFrame({"user_idx": range(3 * N_ITEMS),
                           "sequence": [walk(int(s), int(rng.integers(3, 7))) for s in np.arange(3 * N_ITEMS) % N_ITEMS]},
                          schema_overrides={"sequence": pl.List(pl.Int32)})
-    cfg = TrainConfig(device="cpu", batch_size=16, lr=1e-2, warmup_ratio=0.0, max_steps=150, max_history=3,
-                      sid_softmax=True, log_every=50)
+    cfg = train_config(device="cpu", batch_size=16, lr=1e-2, warmup_ratio=0.0, max_steps=150, max_history=3,
+                       sid_softmax=True, log_every=50)
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, None, tmp_path / "sft")
     assert metrics["steps"] == 150
 

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, micro_qwen3, toy_splits
+from factories import TOY_CODES, build_sid_model, micro_qwen3, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
-from gencli.config import EVAL_USERS, SFT_MAX_EPOCHS, TrainConfig
+from gencli.config import EVAL_USERS, SFT_MAX_EPOCHS
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.train import sft
@@ -31,28 +31,28 @@ def _valid_steps(out) -> list[int]:
 
 
 def test_defaults_train_sft_to_the_plateau_and_cpt_one_epoch():
-    sft_cfg, cpt_cfg = TrainConfig(), TrainConfig(task="cpt")
-    assert sft_cfg.epochs == 0 and sft_cfg.epoch_budget == SFT_MAX_EPOCHS > 2  # above the old 1 and the quickstart
+    sft_cfg, cpt_cfg = train_config(), train_config("cpt")
+    assert sft_cfg.loop.epochs == 0 and sft_cfg.epoch_budget == SFT_MAX_EPOCHS > 2  # above the old 1 and the quickstart
     assert cpt_cfg.epoch_budget == 1.0  # no validation to stop cpt
-    assert TrainConfig(epochs=2).epoch_budget == 2.0 and TrainConfig(task="cpt", epochs=3).epoch_budget == 3.0
-    assert sft_cfg.patience > 0 and sft_cfg.eval_every == 0 and sft_cfg.evals_per_epoch > 0
-    assert plan_steps(TrainConfig(batch_size=10), 100)[0] == SFT_MAX_EPOCHS * 10
-    assert plan_steps(TrainConfig(task="cpt", batch_size=10), 100)[0] == 10
+    assert train_config(epochs=2).epoch_budget == 2.0 and train_config("cpt", epochs=3).epoch_budget == 3.0
+    assert sft_cfg.validation.patience > 0 and sft_cfg.validation.eval_every == 0 and sft_cfg.validation.evals_per_epoch > 0
+    assert plan_steps(train_config(batch_size=10), 100)[0] == SFT_MAX_EPOCHS * 10
+    assert plan_steps(train_config("cpt", batch_size=10), 100)[0] == 10
 
 
 def test_eval_interval_is_a_share_of_an_epoch_unless_given_in_steps():
     n = 100  # 13 batches of 8
     assert batches_per_epoch(n, 8) == 13
-    assert eval_interval(TrainConfig(batch_size=8, evals_per_epoch=2), n) == 7  # rounded up: 2 per epoch at most
-    assert eval_interval(TrainConfig(batch_size=8, evals_per_epoch=2, grad_accum=2), n) == 4  # 7 optimizer steps
-    assert eval_interval(TrainConfig(batch_size=8, evals_per_epoch=50), n) == 1
-    assert eval_interval(TrainConfig(batch_size=8, eval_every=5, evals_per_epoch=2), n) == 5  # steps win
-    assert eval_interval(TrainConfig(batch_size=8, evals_per_epoch=0), n) == 0  # at the end only
+    assert eval_interval(train_config(batch_size=8, evals_per_epoch=2), n) == 7  # rounded up: 2 per epoch at most
+    assert eval_interval(train_config(batch_size=8, evals_per_epoch=2, grad_accum=2), n) == 4  # 7 optimizer steps
+    assert eval_interval(train_config(batch_size=8, evals_per_epoch=50), n) == 1
+    assert eval_interval(train_config(batch_size=8, eval_every=5, evals_per_epoch=2), n) == 5  # steps win
+    assert eval_interval(train_config(batch_size=8, evals_per_epoch=0), n) == 0  # at the end only
 
 
 def test_bad_budget_values_are_reported_together():
     with pytest.raises(ConfigError) as err:
-        TrainConfig(epochs=-1, evals_per_epoch=-2, patience=-1)
+        train_config(epochs=-1, evals_per_epoch=-2, patience=-1)
     text = str(err.value)
     assert "--epochs must be >= 0" in text and "--evals-per-epoch must be >= 0" in text and "--patience" in text
 
@@ -63,7 +63,7 @@ def test_fit_validates_evals_per_epoch_times_an_epoch_and_at_the_end(tmp_path):
     rng = np.random.default_rng(0)
     ids = [rng.integers(1, 32, size=6).tolist() for _ in range(8)]
     examples = ListExamples(ids, [[IGNORE_INDEX] * 4 + x[-2:] for x in ids])  # 4 batches of 2 per epoch
-    cfg = TrainConfig(device="cpu", batch_size=2, epochs=2.5, evals_per_epoch=3, patience=0)
+    cfg = train_config(device="cpu", batch_size=2, epochs=2.5, evals_per_epoch=3, patience=0)
     summary = fit(micro_qwen3(), examples, cfg, tmp_path, pad_id=0, evaluate=lambda model: {"recall@5": 0.1})
     assert summary["eval_every"] == 2 and summary["steps"] == 10
     assert _valid_steps(tmp_path) == [2, 4, 6, 8, 10]
@@ -75,17 +75,17 @@ def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path)
     # a learning rate too small to change anything: validation is flat from the first evaluation, which patience
     # alone would take for the peak; the model never leaves the plateau, so training runs to its epoch cap and the
     # stops patience asked for are counted; the best checkpoint is still the model
-    cfg = TrainConfig(device="cpu", batch_size=8, lr=1e-9, eval_beams=10, average=1, min_evals=0, epochs=4)
+    cfg = train_config(device="cpu", batch_size=8, lr=1e-9, eval_beams=10, average=1, min_evals=0, epochs=4)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
 
     every = metrics["eval_every"]
-    per_epoch = batches_per_epoch(metrics["samples"], cfg.batch_size)
-    assert every == -(-per_epoch // cfg.evals_per_epoch)
+    per_epoch = batches_per_epoch(metrics["samples"], cfg.loop.batch_size)
+    assert every == -(-per_epoch // cfg.validation.evals_per_epoch)
     assert metrics["stop_reason"] == "epochs" and not metrics["stopped_early"]
     assert metrics["steps"] == metrics["max_steps"] == 4 * per_epoch
     evals = len(metrics["valid_curve"])
-    assert metrics["plateau"]["left_step"] is None and metrics["plateau"]["held_stops"] == evals - cfg.patience
+    assert metrics["plateau"]["left_step"] is None and metrics["plateau"]["held_stops"] == evals - cfg.validation.patience
     assert metrics["peak_step"] == every  # nothing beat the first validation
     records = [json.loads(line) for line in (out / artifacts.METRICS_JSONL).read_text().splitlines()]
     valid_lines = [r for r in records if r["kind"] == "valid"]
@@ -141,7 +141,7 @@ def test_validation_uses_every_valid_user_up_to_the_cap_and_a_seeded_subsample_a
     assert EVAL_USERS > valid.height
     users = {}
     for cap in (EVAL_USERS, 0, 5):
-        cfg = TrainConfig(device="cpu", batch_size=8, max_steps=1, eval_beams=10, eval_users=cap)
+        cfg = train_config(device="cpu", batch_size=8, max_steps=1, eval_beams=10, eval_users=cap)
         sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / f"sft-{cap}")
         lines = [json.loads(ln) for ln in (tmp_path / f"sft-{cap}" / artifacts.METRICS_JSONL).read_text().splitlines()]
         users[cap] = [ln["users"] for ln in lines if ln["kind"] == "valid"]
@@ -149,8 +149,8 @@ def test_validation_uses_every_valid_user_up_to_the_cap_and_a_seeded_subsample_a
 
 
 def test_batch_size_auto_takes_fewer_windows_on_small_logs():
-    windows, prefixes = TrainConfig(), TrainConfig(samples="prefixes")
+    windows, prefixes = train_config(), train_config(samples="prefixes")
     assert [windows.micro_batch(n) for n in (100, 972, 2048, 4287, 10**6)] == [8, 8, 16, 32, 32]
-    assert prefixes.micro_batch(972) == TrainConfig(task="cpt").micro_batch(972) == 32
-    assert TrainConfig(batch_size=5).micro_batch(4287) == 5
-    assert plan_steps(TrainConfig(epochs=1), 80)[0] == 10 and plan_steps(TrainConfig(epochs=1, samples="prefixes"), 80)[0] == 3
+    assert prefixes.micro_batch(972) == train_config("cpt").micro_batch(972) == 32
+    assert train_config(batch_size=5).micro_batch(4287) == 5
+    assert plan_steps(train_config(epochs=1), 80)[0] == 10 and plan_steps(train_config(epochs=1, samples="prefixes"), 80)[0] == 3

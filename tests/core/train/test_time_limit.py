@@ -6,9 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from factories import micro_qwen3
+from factories import micro_qwen3, train_config
 
-from gencli.config import TrainConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX
 from gencli.core.train import sft
@@ -30,7 +29,7 @@ def _examples() -> ListExamples:
 
 
 def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_path):
-    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=50, log_every=1, max_time=1e-9)
+    cfg = train_config(device="cpu", batch_size=2, max_steps=50, log_every=1, max_time=1e-9)
     calls = []
 
     def evaluate(model):
@@ -38,7 +37,7 @@ def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_pat
         return {"recall@5": 0.5}
 
     summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, evaluate=evaluate,
-                  callbacks=[TimeLimit(cfg.max_time, evaluates=True)])
+                  callbacks=[TimeLimit(cfg.loop.max_time, evaluates=True)])
     assert summary["steps"] == 1 and summary["stopped_early"] and summary["stop_reason"] == "max_time"
     assert len(calls) == 1 and summary["best_step"] == 1  # validated before stopping: best/ is the model
     assert (tmp_path / artifacts.MODEL_DIR / "config.json").is_file()
@@ -49,21 +48,21 @@ def test_max_time_stops_after_the_first_step_and_keeps_a_validated_model(tmp_pat
 
 
 def test_no_cap_trains_every_step(tmp_path):
-    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=3)
+    cfg = train_config(device="cpu", batch_size=2, max_steps=3)
     summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(3600.0, evaluates=False)])
     assert summary["steps"] == 3 and not summary["stopped_early"] and summary["stop_reason"] is None
 
 
 def test_negative_max_time_is_rejected():
     with pytest.raises(ConfigError, match="--max-time must be >= 0"):
-        TrainConfig(max_time=-1)
+        train_config(max_time=-1)
 
 
 def test_a_time_cut_schedule_is_warned_about_with_the_steps_that_fit(tmp_path):
     """--max-time stopping at step 1 of 50 (still in the 3 warmup steps) says so and names the --max-steps that fit;
     a stop once the rate is under a quarter of its peak, or any other stop, says nothing."""
-    cfg = TrainConfig(device="cpu", batch_size=2, max_steps=50, max_time=1e-9)
-    summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(cfg.max_time, False)])
+    cfg = train_config(device="cpu", batch_size=2, max_steps=50, max_time=1e-9)
+    summary = fit(micro_qwen3(), _examples(), cfg, tmp_path, pad_id=0, callbacks=[TimeLimit(cfg.loop.max_time, False)])
     assert (summary["steps"], summary["max_steps"], summary["warmup_steps"]) == (1, 50, 3)
     assert sft.cut_schedule_warning(summary, cfg) == (
         "--max-time stopped sft at step 1 of the 50 its learning-rate schedule spans (2%), before the rate had "

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from factories import micro_qwen3
+from factories import micro_qwen3, train_config
 
-from gencli.config import TrainConfig
+from gencli.config import TrainingConfig
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss
 from gencli.core.train.batches import ListExamples
@@ -26,8 +26,8 @@ def _examples() -> ListExamples:
     return ListExamples(ids, [[IGNORE_INDEX] * 4 + x[-2:] for x in ids])
 
 
-def _cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"device": "cpu", "batch_size": 2, "max_steps": 6, "warmup_ratio": 0.0, **kw})
+def _cfg(step: str = "sft", **kw) -> TrainingConfig:
+    return train_config(step, **{"device": "cpu", "batch_size": 2, "max_steps": 6, "warmup_ratio": 0.0, **kw})
 
 
 def _weights_finite(folder) -> bool:
@@ -85,7 +85,7 @@ def test_non_finite_weights_are_never_saved_or_validated(tmp_path):
     out = tmp_path / "cpt"
     with pytest.raises(TrainingDiverged, match=r"^cpt diverged at iteration 2 of 2: 1 weight tensor\(s\) are inf or "
                                                r"NaN \(model.embed_tokens.weight"):
-        fit(_nan_in_an_unused_row(), _examples(), _cfg(max_steps=2, task="cpt"), out, pad_id=0)
+        fit(_nan_in_an_unused_row(), _examples(), _cfg("cpt", max_steps=2), out, pad_id=0)
     assert list_checkpoints(out / artifacts.CHECKPOINTS) == [] and not (out / artifacts.MODEL_DIR).exists()
     calls = []
     with pytest.raises(TrainingDiverged, match="at iteration 1 of 4"):
