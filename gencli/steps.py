@@ -107,7 +107,7 @@ REGISTRY: tuple[Step, ...] = (
          ("ingest", "embed"), external=_EXT + "quantize",
          previous="codebooks_from", previous_sids=True, overrides=("seed",),
          key_metrics=("n_unique_sids", "collision_rate", "max_group_size", "reconstruction_error")),
-    Step("init-vocab", "init_vocab", "init_vocab", "InitVocabConfig", "gencli.core.lm.warm:run_step",
+    Step("init-vocab", "init_vocab", "init_vocab", "InitVocabConfig", "gencli.core.lm.init_vocab:run_step",
          ("ingest", "quantize"), external=_EXT + "init_vocab",
          previous="warm_start", previous_sids=True, holds_model=True, overrides=("init", "model", "seed"),
          retrain=("warm_start_from",), key_metrics=("method", "n_new_tokens", "new_rows_norm_mean")),
@@ -130,7 +130,7 @@ REGISTRY: tuple[Step, ...] = (
     Step("profile", "profile", "profile", "ProfileConfig", "gencli.core.train.profile:run_step", ("ingest", "quantize"),
          model="model_step", optional=("sft",),  # sft's params shape the profiled steps
          key_metrics=("reference", "steps", "device")),
-    Step("recommend", "recommend", "recommend", "RecommendConfig", "gencli.core.infer.workdir:run_step", _DATA,
+    Step("recommend", "recommend", "recommend", "RecommendConfig", "gencli.core.infer.recommend_step:run_step", _DATA,
          model="model_step", renames=_PRUNE, distributed=True, serving=True,
          key_metrics=("users", "k", "short_lists", "catalog_coverage")),
     Step("probe", "probe", "probe", "ProbeConfig", "gencli.core.probe:run_step", ("ingest", "quantize"),

@@ -90,7 +90,7 @@ class Inputs:
 
     def trained_history(self, step: str | None = None) -> int:
         """The prompt length sft trained with, so decoding sees prompts like the ones the model learnt from."""
-        return trained_history(step or self.model_step, self.record(step or self.model_step))
+        return trained_history(self.record(step or self.model_step))
 
     def model_id(self, step: str | None = None) -> str:
         """:func:`gencli.core.artifacts.model_id` of a model step, from its ``step.json`` outputs."""
@@ -116,15 +116,16 @@ def model_files(folder: Path, step: str) -> tuple[Path, Path]:
     return model_dir, vocab
 
 
-def trained_history(step: str, record: dict[str, Any]) -> int:
-    """The prompt length a model step trained with: sft's ``max_history`` option, the one rl recorded (sft's), the
-    sft default for a model that sft has not trained."""
+def trained_history(record: dict[str, Any]) -> int:
+    """The prompt length a model step trained with, from its ``step.json``: the ``max_history`` it measured in its
+    metrics (rl: the one its start model was trained with), else the one its params hold (sft's option; the
+    default in cpt's), else the sft default (a model no training step recorded one for: init-vocab's)."""
     from gencli.config import SFT_MAX_HISTORY
 
-    if step == "sft":
-        return int(record.get("params", {}).get("max_history", SFT_MAX_HISTORY))
-    if step == "rl":
-        return int(record.get("metrics", {}).get("max_history", SFT_MAX_HISTORY))
+    for block in ("metrics", "params"):
+        value = (record.get(block) or {}).get("max_history")
+        if value is not None:
+            return int(value)
     return SFT_MAX_HISTORY
 
 

@@ -1,4 +1,5 @@
-"""A :class:`~gencli.core.infer.recommend.Recommender` over a workdir's steps, and the recommend step itself.
+"""A :class:`~gencli.core.infer.recommend.Recommender` over a workdir's steps (the recommend step's runner is in
+:mod:`gencli.core.infer.recommend_step`).
 
 A bundle's Recommender is opened by :meth:`Recommender.load` (:mod:`gencli.core.infer.bundle`); one over a
 workdir is built here from the step's :class:`~gencli.core.inputs.Inputs` (the model step, quantize's SIDs,
@@ -8,13 +9,11 @@ all read the same files the same way.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from gencli.core.progress import SILENT, Progress
 from gencli.errors import ArtifactError
 
 RECOMMENDATIONS = "recommendations.parquet"
@@ -71,22 +70,3 @@ def long_frame(rec, user_ids: list, ranked, extra: dict[str, Any] | None = None)
     frame = pl.DataFrame(rows, schema={"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String,
                                        "score": pl.Float32, "title": pl.String})
     return frame.with_columns(pl.lit(v, dtype=pl.String).alias(k) for k, v in (extra or {}).items())
-
-
-def run_step(cfg, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:
-    """The recommend step: every workdir user's top K, to ``recommendations.parquet``."""
-    rec = recommender(inputs, cfg)
-    user_ids, known = histories(inputs)
-    started = time.perf_counter()
-    ranked = rec.rank(known, k=cfg.k, beams=cfg.beams, exclude_seen=cfg.exclude_seen,
-                      prune=cfg.stamp if cfg.stamp.sap else None, progress=progress)
-    seconds = time.perf_counter() - started
-    model = inputs.model_id()  # no time or path: the same inputs, the same bytes
-    long_frame(rec, user_ids, ranked, {"model": model}).write_parquet(out_dir / RECOMMENDATIONS)
-    found = ranked.items >= 0
-    distinct = len(set(ranked.items[found].tolist()))
-    return {"model_step": inputs.model_step, "model": model, "users": len(user_ids), "k": cfg.k,
-            "max_history": rec.max_history, "exclude_seen": cfg.exclude_seen,
-            "short_lists": int((found.sum(axis=1) < cfg.k).sum()), "distinct_items": distinct,
-            "catalog_coverage": round(distinct / len(rec), 4), "decode_seconds": round(seconds, 3),
-            "users_per_s": round(len(user_ids) / max(seconds, 1e-9), 2)}

@@ -105,25 +105,12 @@ def _add_dedup_tokens(cfg, model, tokenizer, levels, extra, previous, progress) 
     return ids
 
 
-def run_step(cfg: InitVocabConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict:
-    """The init-vocab step: quantize's codebooks and SIDs, ingest's texts; ``--warm-start``'s model from
-    ``inputs.external``."""
-    from gencli.core.data import tables
-    from gencli.core.lm import presets, vocab
-
-    texts = tables.item_text(inputs.items(), tables.LM_TEXT_TEMPLATE)
-    codes, token_map = inputs.codes()
-    codebooks = inputs.codebooks()
-    warm = inputs.external.get("warm")
-    if warm is None:
-        base = presets.resolve_backbone(cfg.model, out_dir, texts, cfg.seed)
-        sequences = inputs.split("train")["sequence"].to_list()
-        return vocab.run(cfg, base, texts, codebooks, codes, token_map, out_dir, progress, sequences=sequences)
+def check_codebooks(cfg: InitVocabConfig, previous_quantize: Path, codebooks: list[np.ndarray]) -> None:
+    """InputError unless this run quantizes with the previous run's codebooks (``previous_quantize``: its quantize
+    folder), so that the previous model's SID tokens still mean the same items."""
     from gencli.core.sid import store
 
-    if not same_codebooks(store.load_codebook_list(warm["quantize"]), codebooks):
-        raise InputError(f"--warm-start {cfg.warm_start}: this run's codebooks differ from {warm['quantize']}, so "
+    if not same_codebooks(store.load_codebook_list(previous_quantize), codebooks):
+        raise InputError(f"--warm-start {cfg.warm_start}: this run's codebooks differ from {previous_quantize}, so "
                          "the previous model's SID tokens would mean other items; quantize with --codebooks-from "
                          f"{cfg.warm_start} (what `gencli run --previous` does), or drop --warm-start")
-    metrics = run(cfg, warm["model"], warm["vocab"], texts, codebooks, codes, token_map, out_dir, progress)
-    return {**metrics, "warm_start_from": str(warm["step"])}
