@@ -15,6 +15,8 @@ from tokenizers import AddedToken
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.core import artifacts
+from gencli.core.infer.blend import candidates
+from gencli.core.infer.content import ContentScorer
 from gencli.core.lm.presets import train_tiny_tokenizer
 
 LEVELS = [4, 4, 2]  # two quantizer levels + dedup
@@ -201,3 +203,27 @@ def train_config(step: str = "sft", **options):
         part = next((name for name, kind in parts.items() if key in {f.name for f in dataclasses.fields(kind)}), None)
         (nested[part] if part else top)[key] = value
     return cls(**top, **{name: kind(**nested[name]) for name, kind in parts.items()})
+
+
+# ---- ranking candidates (core/infer/blend.py) for the blend's and the fit's tests ---------------------------------
+
+
+def blend_candidates(exclude_seen=True):
+    """Candidates of 3 users, 6 items in two first-code groups (0-2, 3-5); beams of 2 with known log-probabilities."""
+    emb = np.array([[1, 0], [0.8, 0.6], [0.6, 0.8], [0, 1], [-0.6, 0.8], [-1, 0]], dtype=np.float32)
+    scorer = ContentScorer(emb)
+    histories = [[0], [3], [5, 4]]
+    beam_items = np.array([[1, 3], [4, 0], [0, 1]])
+    beam_scores = np.array([[-0.5, -1.5], [-0.2, -2.0], [-1.0, -1.1]], dtype=np.float32)
+    first = np.log(np.array([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5]], dtype=np.float32))
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    c = candidates(beam_items, beam_scores, scorer, histories, exclude_seen, first, groups, [0.5])
+    return c, scorer, histories, beam_items, beam_scores, first, groups
+
+
+def cold_candidates():
+    """One user, 4 items, two first-code groups; the beam reached items 0 and 2."""
+    scorer = ContentScorer(np.array([[1, 0], [0.6, 0.8], [0, 1], [0.8, 0.6]], dtype=np.float32))
+    first = np.log(np.array([[0.6, 0.4]]))
+    return candidates(np.array([[0, 2]]), np.array([[-0.5, -1.5]], dtype=np.float32), scorer, [[3]], True,
+                      first, np.array([0, 0, 1, 1]), [0.5], counts=np.array([9, 0, 3, 1])), scorer

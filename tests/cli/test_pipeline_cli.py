@@ -163,7 +163,7 @@ def _kill_and_resume(wd0: Path, tmp_path: Path, step: str, args, kill_at: int):
     return expected, got, straight, killed
 
 
-@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/train/test_engine.py
+@pytest.mark.slow  # subprocesses; the engine's resume is covered in-process by tests/core/train/test_loop.py
 def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an rl mid-run and rerun the same command: the metrics and weights of an uninterrupted run."""
     expected, got, straight, killed = _kill_and_resume(piped[1], tmp_path, "rl", _rl_args, 7)
@@ -173,7 +173,7 @@ def test_killed_rl_resumes_to_the_same_result(piped, tmp_path):
         assert (killed / "rl" / "model" / name).read_bytes() == (straight / "rl" / "model" / name).read_bytes()
 
 
-@pytest.mark.slow  # ~30 s of subprocesses; tests/core/train/test_engine.py's resume tests cover the engine in-process
+@pytest.mark.slow  # ~30 s of subprocesses; tests/core/train/test_loop.py's resume tests cover the engine in-process
 def test_killed_sft_resumes_to_the_same_result(piped, tmp_path):
     """SIGKILL an sft mid-run, rerun the same command (what cron does), and get exactly the metrics of an
     uninterrupted run."""

@@ -8,14 +8,13 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from factories import tiny_qwen3
+from factories import blend_candidates, tiny_qwen3
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
 from gencli.core.infer import blend as B
 from gencli.core.infer.content import MODEL_ONLY, Blend, ContentScorer, top_by_score
 from gencli.core.infer.evaluate import run as run_eval
-from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import rank_of_target
 from gencli.core.infer.recommend import Recommender
 from gencli.core.lm.prompt import SidVocab, item_token_ids
@@ -38,21 +37,8 @@ def test_top_by_score_breaks_ties_by_index_and_never_returns_minus_inf():
     assert top_by_score(scores, 3).tolist() == [[1, 2, 4], [2, -1, -1]]
 
 
-def _candidates(exclude_seen=True):
-    """3 users, 6 items in two first-code groups (0-2, 3-5); beams of 2 with known log-probabilities."""
-    emb = np.array([[1, 0], [0.8, 0.6], [0.6, 0.8], [0, 1], [-0.6, 0.8], [-1, 0]], dtype=np.float32)
-    scorer = ContentScorer(emb)
-    histories = [[0], [3], [5, 4]]
-    beam_items = np.array([[1, 3], [4, 0], [0, 1]])
-    beam_scores = np.array([[-0.5, -1.5], [-0.2, -2.0], [-1.0, -1.1]], dtype=np.float32)
-    first = np.log(np.array([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5]], dtype=np.float32))
-    groups = np.array([0, 0, 0, 1, 1, 1])
-    c = B.candidates(beam_items, beam_scores, scorer, histories, exclude_seen, first, groups, [0.5])
-    return c, scorer, histories, beam_items, beam_scores, first, groups
-
-
 def test_blended_log_probability_is_the_mixture_written_out():
-    c, scorer, histories, beam_items, beam_scores, first, groups = _candidates()
+    c, scorer, histories, beam_items, beam_scores, first, groups = blend_candidates()
     blend = Blend(0.5, 0.3, 0.5)
     logp = B.blended_log_prob(c, blend)
     cos = scorer.cosines(histories).astype(np.float64)
@@ -73,7 +59,7 @@ def test_blended_log_probability_is_the_mixture_written_out():
 
 
 def test_model_only_is_the_beam_bit_for_bit_and_content_only_is_the_content_baseline():
-    c, *_ = _candidates()
+    c, *_ = blend_candidates()
     items, scores = B.rank(c, MODEL_ONLY, 2)
     assert (items == c.beam_items[:, :2]).all() and (scores == c.beam_scores[:, :2]).all()
     items, _ = B.rank(c, Blend(0.0, 0.0, 0.5), 3)
@@ -82,7 +68,7 @@ def test_model_only_is_the_beam_bit_for_bit_and_content_only_is_the_content_base
 
 
 def test_every_ranking_gives_k_distinct_items_outside_the_history():
-    c, _, histories, *_ = _candidates()
+    c, _, histories, *_ = blend_candidates()
     for blend in (Blend(0.0, 1.0, 0.5), Blend(0.2, 0.5, 0.5), Blend(0.9, 0.0, 0.5)):
         items, scores = B.rank(c, blend, 4)
         for row, h in zip(items.tolist(), histories, strict=True):
@@ -91,14 +77,14 @@ def test_every_ranking_gives_k_distinct_items_outside_the_history():
 
 
 def test_include_seen_masks_history_in_the_content_parts_only():
-    c, *_ = _candidates(exclude_seen=False)
+    c, *_ = blend_candidates(exclude_seen=False)
     assert B.content_ranking(c, 1).tolist() == [[0], [3], [4]]  # the baseline ranks seen items (the newest itself)
     items, _ = B.rank(c, Blend(0.0, 0.0, 0.5), 1)
     assert items.tolist() == [[1], [2], [3]]  # the blend's content part never re-recommends by self-similarity
 
 
 def test_target_ranks_agree_with_the_sorted_ranking():
-    c, *_ = _candidates()
+    c, *_ = blend_candidates()
     rng = np.random.default_rng(0)
     targets = np.array([2, 1, 3])
     for _ in range(20):
@@ -106,16 +92,6 @@ def test_target_ranks_agree_with_the_sorted_ranking():
         blend = Blend(w, float(rng.uniform(0, 1 - w)), 0.5)
         items, _ = B.rank(c, blend, c.items.shape[1])
         assert B.target_ranks(c, blend, targets).tolist() == rank_of_target(items, targets).tolist()
-
-
-def test_fit_picks_the_blend_that_scores_best_on_the_given_users():
-    c, *_ = _candidates()
-    # content's top item of each user is the target: the fit must give the content part everything
-    targets = B.content_ranking(c, 1)[:, 0]
-    best, table = fit_blend(c, targets, k=1, step=0.5)
-    assert best.weight == 0.0 and best.prefix == 0.0
-    assert len(table) == 6  # (0, 0), (0, .5), (0, 1), (.5, 0), (.5, .5) at the one temperature, then (1, 0)
-    assert max(row["recall@1"] for row in table) == 1.0
 
 
 @pytest.mark.parametrize("bad", [{"weight": 1.5}, {"weight": 0.5, "prefix": 0.8}, {"weight": True},
