@@ -11,8 +11,8 @@ import pytest
 
 # the serving fixtures (bundles, recommenders, users, serving, relink), used by tests/core/serve, tests/server and
 # tests/bench: a conftest of their own would be seen by one folder only; and under CI=true a skip outside the
-# allowlist of tests/skips.py fails
-pytest_plugins = ["servers", "skips"]
+# allowlist of tests/helpers/skips.py fails
+pytest_plugins = ["helpers.servers", "helpers.skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
@@ -133,7 +133,7 @@ class SmallSample:
 @pytest.fixture(scope="session")
 def small_sample(tmp_path_factory) -> SmallSample:
     """For tests that re-ingest or re-embed (the full sample takes seconds to embed). Copy it before changing it."""
-    from factories import sample_subset
+    from helpers.factories import sample_subset
 
     folder = tmp_path_factory.mktemp("small_sample")
     sample_subset(SAMPLE, folder, SMALL_ITEMS)
@@ -146,7 +146,7 @@ def small_embedded(small_sample, tmp_path_factory) -> Path:
 
     Tests copy it (shutil.copytree) before changing anything.
     """
-    from workdirs import run
+    from helpers.workdirs import run
 
     wd = tmp_path_factory.mktemp("small_embedded") / "work"
     for args in (small_sample.ingest_args(), ["embed"]):
@@ -161,7 +161,7 @@ def trained_small(small_embedded, tmp_path_factory) -> Path:
     ``bundle`` (exported from it). Tests copy it (shutil.copytree) before changing anything."""
     import shutil
 
-    from workdirs import SFT, run
+    from helpers.workdirs import SFT, run
 
     root = tmp_path_factory.mktemp("trained")
     wd = root / "work"

@@ -1,4 +1,4 @@
-"""Under CI=true a skipped test fails unless tests/skips.py allows that test that reason (the plugin in a real
+"""Under CI=true a skipped test fails unless tests/helpers/skips.py allows that test that reason (the plugin in a real
 pytest run, and the allowlist's rule)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skips import ALLOWED_SKIPS, refusal
+from helpers.skips import ALLOWED_SKIPS, refusal
 
 TESTS = Path(__file__).resolve().parent
 
@@ -25,7 +25,7 @@ def test_under_ci_a_skip_outside_the_allowlist_fails_the_run(tmp_path):
     (tmp_path / "test_one.py").write_text("import pytest\n\ndef test_skips():\n    pytest.skip('no such thing here')\n\n"
                                           "def test_passes():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    args = [sys.executable, "-m", "pytest", "-p", "skips", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+    args = [sys.executable, "-m", "pytest", "-p", "helpers.skips", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
             "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")]
     plain = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": str(TESTS)},
                            cwd=tmp_path)

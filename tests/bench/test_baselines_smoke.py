@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from bench_runner import run_bench
+from helpers.bench_runner import run_bench
 
 
 @pytest.mark.slow

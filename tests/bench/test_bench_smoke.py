@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from bench_runner import ROOT, run_bench
+from helpers.bench_runner import ROOT, run_bench
 
 BENCH = ROOT / "bench"
 RESEARCH_ONLY = ("sap_gap.py", "sap_fidelity.py", "sap_weights.py", "truncate_layers.py")

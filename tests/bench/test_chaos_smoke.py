@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_runner import ROOT, run_bench
-from nights import ingest, night, pipeline_toml
+from helpers.bench_runner import ROOT, run_bench
+from helpers.nights import ingest, night, pipeline_toml
 
 PIPELINE = pipeline_toml(["ingest", "embed", "quantize", "init-vocab", "sft", "eval", "recommend"], {
     "ingest": ingest(), "quantize": {"levels": 2, "codes": 8}, "init-vocab": {"model": "tiny"},

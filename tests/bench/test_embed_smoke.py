@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from bench_runner import run_bench
-from skips import ci
+from helpers.bench_runner import run_bench
+from helpers.skips import ci
 
 
 def _independent_int8_cosines(texts: list[str]) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_runner import run_bench
-from nights import night, pipeline_toml
+from helpers.bench_runner import run_bench
+from helpers.nights import night, pipeline_toml
 
 PIPELINE = pipeline_toml(["ingest", "embed", "quantize", "init-vocab", "sft"], {
     "ingest": {"items": "unused.csv", "interactions": "unused.csv"}, "quantize": {"levels": 2, "codes": 8},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_runner import run_bench
+from helpers.bench_runner import run_bench
 
 
 @pytest.mark.slow

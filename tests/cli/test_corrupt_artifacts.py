@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from workdirs import EVAL, SFT, cut, refused, run
+from helpers.workdirs import EVAL, SFT, cut, refused, run
 
 from gencli.cli import cli
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from nights import cut_day, ingest, pipeline_toml, small_night
+from helpers.nights import cut_day, ingest, pipeline_toml, small_night
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DOC = CHECKOUT / "docs" / "cron.md"
@@ -137,7 +137,7 @@ def shared_root():
 
 @pytest.mark.slow  # three small-sample pipelines and a killed one (~1 min on 1 thread)
 def test_two_nights_a_killed_and_a_skipped_one_and_another_account_serves(small_sample, shared_root):
-    from accounts import as_other_account
+    from helpers.accounts import as_other_account
 
     root = shared_root
     root.mkdir()

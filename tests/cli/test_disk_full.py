@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from workdirs import SFT
+from helpers.workdirs import SFT
 
 from gencli.cli.common import message
 from gencli.errors import EXIT_FAILED, storage_message

@@ -224,7 +224,7 @@ def test_a_killed_embed_continues_under_torchrun_from_its_saved_chunks(sample_di
     import signal
     import time
 
-    from factories import sample_subset
+    from helpers.factories import sample_subset
 
     from gencli.core import artifacts
     from gencli.core.sid import chunks

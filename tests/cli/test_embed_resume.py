@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from factories import sample_subset
+from helpers.factories import sample_subset
 
 from gencli.cli import cli
 from gencli.config import EmbedConfig

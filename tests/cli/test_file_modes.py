@@ -82,7 +82,7 @@ def test_every_artifact_follows_the_umask_and_another_account_serves_the_bundle(
     assert _unexpected(work, 0o644, 0o755) == {}
     assert _unexpected(bundle, 0o644, 0o755) == {}
 
-    from accounts import as_other_account
+    from helpers.accounts import as_other_account
 
     first = pl.read_parquet(bundle / "items.parquet")["item_id"][0]  # any catalog id will do
     served = as_other_account([sys.executable, "-m", "gencli", "recommend", "--bundle", str(bundle), "--history",

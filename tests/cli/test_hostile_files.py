@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from workdirs import EVAL, refused, run
+from helpers.workdirs import EVAL, refused, run
 
 from gencli.cli import cli
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from workdirs import run
+from helpers.workdirs import run
 
 from gencli import steps
 from gencli.cli import cli

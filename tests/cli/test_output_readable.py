@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from nights import QUICK, SMALL_STEPS, ingest, night, pipeline_toml
+from helpers.nights import QUICK, SMALL_STEPS, ingest, night, pipeline_toml
 
 from gencli.cli import cli
 from gencli.ui.evaluation import policies, rows

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from nights import ingest, night, pipeline_toml
+from helpers.nights import ingest, night, pipeline_toml
 
 from gencli.cli import cli
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from workdirs import run
+from helpers.workdirs import run
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import re
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from nights import night, small_night
+from helpers.nights import night, small_night
 
 from gencli.cli import cli
 

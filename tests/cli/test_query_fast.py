@@ -117,7 +117,7 @@ def test_the_cli_query_threads_follow_the_option_and_the_variable(trained_small,
 
 @pytest.mark.slow
 def test_bench_query_times_both_forms_and_the_thread_counts(trained_small, tmp_path):
-    from bench_runner import run_bench
+    from helpers.bench_runner import run_bench
 
     history = ",".join(_ids(trained_small)[:2])
     proc = run_bench("bench/query.py", "--bundle", str(trained_small / "bundle"), "--workdir",

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from workdirs import refused
+from helpers.workdirs import refused
 
 from gencli.cli import cli
 from gencli.ui.report import CSP

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from nights import ingest, pipeline_toml
-from workdirs import SFT, refused, run
+from helpers.nights import ingest, pipeline_toml
+from helpers.workdirs import SFT, refused, run
 
 from gencli.cli import cli
 

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from nights import night, small_night
+from helpers.nights import night, small_night
 from safetensors.torch import load_file
 
 from gencli.cli import cli

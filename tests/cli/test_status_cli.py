@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from nights import ingest, night, pipeline_toml
+from helpers.nights import ingest, night, pipeline_toml
 
 from gencli.cli import cli
 from gencli.steps import STEPS, step_order

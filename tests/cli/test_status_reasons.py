@@ -38,7 +38,7 @@ def test_after_rl_the_steps_that_picked_sft_by_auto_are_stale_and_say_why(traine
     status must not call them done (the recorded inputs alone still match)."""
     import shutil
 
-    from workdirs import EVAL, run
+    from helpers.workdirs import EVAL, run
 
     wd = tmp_path / "work"
     shutil.copytree(trained_small / "work", wd)

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
+from helpers.workdirs import EVAL, refused, run
 from safetensors.torch import load_file, save_file
-from workdirs import EVAL, refused, run
 
 from gencli.cli import cli
 from gencli.errors import EXIT_FAILED

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from workdirs import run
+from helpers.workdirs import run
 
 from gencli.errors import InputError
 from gencli.flow.report import read_report

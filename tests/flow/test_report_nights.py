@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from workdirs import run
+from helpers.workdirs import run
 
 from gencli.cli import cli
 from gencli.errors import InputError

@@ -20,8 +20,8 @@ import string
 import numpy as np
 import polars as pl
 import pytest
-from factories import tiny_bundle
 from fuzz.fuzzing import FUZZ, JSON_VALUE, TEXT, Tally, mostly, replay
+from helpers.factories import tiny_bundle
 from hypothesis import given
 from hypothesis import strategies as st
 

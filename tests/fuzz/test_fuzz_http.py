@@ -14,11 +14,11 @@ import socket
 import string
 
 import pytest
-from factories import tiny_bundle
 from fuzz.fuzzing import FUZZ, note_seed, replay
+from helpers.factories import tiny_bundle
+from helpers.servers import running
 from hypothesis import given
 from hypothesis import strategies as st
-from servers import running
 
 ANSWERS = {200, 400, 404, 405, 408, 413, 422}
 

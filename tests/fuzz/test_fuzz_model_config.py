@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 import torch
-from factories import tiny_bundle
 from fuzz.fuzzing import FUZZ, JSON_VALUE, Tally, mostly, replay
+from helpers.factories import tiny_bundle
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file

@@ -123,7 +123,7 @@ def test_a_visitor_without_history_gets_the_bundles_prior_flagged_as_a_fallback(
     from gencli.core.infer.recommend import Recommender
 
     rec = Recommender.load(bundles["ranked"])
-    expected = [f"i{i:03d}" for i in range(39, 34, -1)]  # the 40-item catalog of tests/servers.py
+    expected = [f"i{i:03d}" for i in range(39, 34, -1)]  # the 40-item catalog of tests/helpers/servers.py
     assert [r.item_id for r in rec.recommend([], k=5)] == expected
     with serving(bundles["ranked"]) as service, httpx.Client(base_url=service.url, timeout=TIMEOUT) as client:
         batch = client.post("/v1/recommend/batch", json={"histories": [[], ["gone"], ["i001"]], "k": 5}).json()

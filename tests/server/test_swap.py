@@ -13,7 +13,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from servers import wait_until
+from helpers.servers import wait_until
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -28,7 +28,7 @@ def test_a_step_that_reads_an_undeclared_input_fails_and_commits_nothing(small_e
     wd = tmp_path / "work"
     shutil.copytree(small_embedded, wd)
     with pytest.raises(UndeclaredInput, match="'embed'.*declares ingest"):
-        execute(_step("factories:read_undeclared"), ProbeConfig(), wd)
+        execute(_step("helpers.factories:read_undeclared"), ProbeConfig(), wd)
     ws = Workspace(wd)
     assert not ws.done("probe") and not (wd / "probe").exists() and not (wd / ".staging" / "probe").exists()
     assert ws.manifest.get("probe")["last_failure"]["error"].startswith("UndeclaredInput")
@@ -39,14 +39,14 @@ def test_declared_inputs_are_handed_over_and_the_step_is_up_to_date_on_rerun(sma
 
     wd = tmp_path / "work"
     shutil.copytree(small_embedded, wd)
-    first = execute(_step("factories:count_items"), ProbeConfig(m=3), wd)
+    first = execute(_step("helpers.factories:count_items"), ProbeConfig(m=3), wd)
     n = Workspace(wd).step_record("ingest")["metrics"]["items"]
     assert (first.status, first.metrics) == ("done", {"items": n})
     assert (wd / "probe" / "n.txt").read_text() == str(n)
     record = json.loads((wd / "probe" / "step.json").read_text())
     assert record["argv"] == ["gencli", "probe", "--m", "3", "--workdir", str(wd)]  # its own command line
     assert list(record["inputs"]) == ["ingest"]
-    assert execute(_step("factories:count_items"), ProbeConfig(m=3), wd).status == "up-to-date"
+    assert execute(_step("helpers.factories:count_items"), ProbeConfig(m=3), wd).status == "up-to-date"
 
 
 def test_a_pipeline_plan_is_built_checked_and_run_without_click(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import polars as pl
-from factories import catalog_texts
+from helpers.factories import catalog_texts
 
 from gencli.config import IngestConfig
 from gencli.core.data.ingest import run as ingest

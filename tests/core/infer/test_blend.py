@@ -8,7 +8,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from factories import blend_candidates, tiny_qwen3
+from helpers.factories import blend_candidates, tiny_qwen3
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts

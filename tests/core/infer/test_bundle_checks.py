@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from factories import random_codes, tiny_qwen3, write_sid_vocab
+from helpers.factories import random_codes, tiny_qwen3, write_sid_vocab
 
 from gencli.cli import cli
 from gencli.core import artifacts

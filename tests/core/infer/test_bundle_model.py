@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from factories import tiny_bundle, tiny_qwen3
+from helpers.factories import tiny_bundle, tiny_qwen3
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 

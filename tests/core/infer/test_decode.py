@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from factories import tiny_qwen3
+from helpers.factories import tiny_qwen3
 from transformers import Qwen3ForCausalLM
 
 from gencli.core.infer.beam import constrained_beam_search

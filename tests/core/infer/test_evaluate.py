@@ -5,7 +5,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from factories import tiny_qwen3
+from helpers.factories import tiny_qwen3
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import EvalConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from factories import blend_candidates, cold_candidates
+from helpers.factories import blend_candidates, cold_candidates
 
 from gencli.core.infer import blend as B
 from gencli.core.infer import fit as F

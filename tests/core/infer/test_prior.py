@@ -7,7 +7,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from factories import cold_candidates
+from helpers.factories import cold_candidates
 
 from gencli.core.data import tables
 from gencli.core.infer import blend as B

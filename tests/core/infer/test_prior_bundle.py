@@ -51,7 +51,7 @@ def test_a_prior_of_huge_values_is_refused_by_recommend_and_serve(ranked):
     r = _ask(ranked, "--output", "-")
     assert r.exit_code == 2 and "Infinity" not in r.stdout, r.output
     assert "item_prior.npy row 1 (the prior) must be in [0, 2**53]" in r.stderr and "Traceback" not in r.output
-    from servers import serve_config
+    from helpers.servers import serve_config
 
     from gencli.server.service import Service
 

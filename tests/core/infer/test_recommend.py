@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import random_codes, tiny_qwen3, write_sid_vocab
+from helpers.factories import random_codes, tiny_qwen3, write_sid_vocab
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts

@@ -4,7 +4,7 @@ cache copied to every beam does: the same items, scores within float rounding, o
 import numpy as np
 import pytest
 import torch
-from factories import tiny_qwen3
+from helpers.factories import tiny_qwen3
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import StampConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import factories
 import pytest
 import torch
+from helpers import factories
 
 from gencli.core import artifacts
 from gencli.core.lm.backbone import load_model, special_ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import train_config
+from helpers.factories import train_config
 from transformers import Qwen3ForCausalLM
 
 from gencli.core.lm.dropout import add_dropout

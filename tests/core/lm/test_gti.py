@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from factories import build_sid_model, catalog_texts
+from helpers.factories import build_sid_model, catalog_texts
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from gencli.core.lm import gti

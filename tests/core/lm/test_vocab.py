@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import factories
 import numpy as np
 import pytest
 import torch
+from helpers import factories
 
 from gencli.config import InitVocabConfig
 from gencli.core import artifacts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from servers import wait_until
+from helpers.servers import wait_until
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-from factories import catalog_texts
+from helpers.factories import catalog_texts
 
 from gencli.config import EmbedConfig
 from gencli.core.sid import embed, encoders

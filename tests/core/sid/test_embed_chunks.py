@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import catalog_texts
+from helpers.factories import catalog_texts
 
 from gencli.config import EmbedConfig
 from gencli.core import artifacts

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import sap_scores_by_hand, tiny_qwen3, train_config
+from helpers.factories import sap_scores_by_hand, tiny_qwen3, train_config
 
 from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from factories import minmax_by_hand, sap_scores_by_hand
+from helpers.factories import minmax_by_hand, sap_scores_by_hand
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import StampConfig

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from factories import train_config
+from helpers.factories import train_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 

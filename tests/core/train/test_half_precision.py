@@ -10,7 +10,7 @@ import math
 import shutil
 
 import pytest
-from workdirs import run
+from helpers.workdirs import run
 
 STEPS = (
     ("init-vocab", "--model", "tiny", "--init", "gti", "--gti-steps", "2", "--force"),

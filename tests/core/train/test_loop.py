@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from factories import train_config
+from helpers.factories import train_config
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gencli.config import SftConfig

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from factories import build_sid_model, train_config
+from helpers.factories import build_sid_model, train_config
 
 from gencli.config import ProfileConfig, StampConfig
 from gencli.core.train import profile

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, toy_splits, train_config
+from helpers.factories import TOY_CODES, build_sid_model, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
 from gencli.core import artifacts

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, toy_splits
+from helpers.factories import TOY_CODES, build_sid_model, toy_splits
 from transformers import Qwen3ForCausalLM
 
 from gencli.core.lm.loss import IGNORE_INDEX, TokenLoss

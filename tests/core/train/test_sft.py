@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, toy_splits, train_config
+from helpers.factories import TOY_CODES, build_sid_model, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import StampConfig

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from factories import build_sid_model, train_config
+from helpers.factories import build_sid_model, train_config
 from transformers import Qwen3ForCausalLM
 
 from gencli.core import artifacts

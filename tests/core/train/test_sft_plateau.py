@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from factories import TOY_CODES, build_sid_model, micro_qwen3, toy_splits, train_config
+from helpers.factories import TOY_CODES, build_sid_model, micro_qwen3, toy_splits, train_config
 from transformers import Qwen3ForCausalLM
 
 from gencli.config import EVAL_USERS, SFT_MAX_EPOCHS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from factories import micro_qwen3
+from helpers.factories import micro_qwen3
 
 from gencli.core.train import soup
 from gencli.core.train.checkpoints import TRAINER_STATE_NAME, hf_writer

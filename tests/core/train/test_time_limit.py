@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from factories import micro_qwen3, train_config
+from helpers.factories import micro_qwen3, train_config
 
 from gencli.core import artifacts
 from gencli.core.lm.loss import IGNORE_INDEX

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from factories import micro_qwen3, train_config
+from helpers.factories import micro_qwen3, train_config
 
 from gencli.config import TrainingConfig
 from gencli.core import artifacts

@@ -30,9 +30,9 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     differ), ``a`` carrying the histories of :data:`USERS` users (users.parquet), ``b`` none; ``broken``: a copy of
     ``b`` with a truncated weights file (refused at load)."""
     import torch
-    from factories import random_codes, tiny_qwen3, write_sid_vocab
 
     from gencli.core.infer import bundle
+    from helpers.factories import random_codes, tiny_qwen3, write_sid_vocab
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("serve-bundles")

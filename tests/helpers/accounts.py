@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 NOBODY = 65534
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def prefix() -> list[str]:

@@ -20,7 +20,7 @@ from gencli.core.infer.content import ContentScorer
 from gencli.core.lm.presets import train_tiny_tokenizer
 
 LEVELS = [4, 4, 2]  # two quantizer levels + dedup
-SAMPLE_ITEMS = Path(__file__).resolve().parents[1] / "sample_data" / "items.csv"
+SAMPLE_ITEMS = Path(__file__).resolve().parents[2] / "sample_data" / "items.csv"
 
 
 def sample_subset(sample: Path, folder: Path, n_items: int) -> None:

@@ -34,8 +34,8 @@ def refusal(nodeid: str, reason: str) -> str | None:
     for prefixes, allowed_reason, _why in ALLOWED_SKIPS:
         if nodeid.startswith(prefixes) and allowed_reason in reason:
             return None
-    return (f"skipped under CI=true ({reason}), and tests/skips.py ALLOWED_SKIPS does not allow it: make it run in "
-            "CI (install what it needs in .ci/run) or add it there with the reason")
+    return (f"skipped under CI=true ({reason}), and tests/helpers/skips.py ALLOWED_SKIPS does not allow it: make it "
+            "run in CI (install what it needs in .ci/run) or add it there with the reason")
 
 
 def _reason(report: pytest.TestReport) -> str:
