@@ -1,9 +1,10 @@
-"""The shape of the code: every import of gencli/ follows docs/architecture.md's table of rooms, no import cycle,
-small core modules, a CLI that starts without torch."""
+"""The shape of the code: the import-linter contracts of pyproject.toml hold for every import of gencli/ (at module
+level, inside functions, under ``if TYPE_CHECKING:``) and allow exactly the arrows of docs/architecture.md's table of
+rooms; no import cycle, small core modules, a CLI that starts without torch."""
 
 from __future__ import annotations
 
-import ast
+import os
 import re
 import subprocess
 import sys
@@ -11,49 +12,42 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "gencli"
-ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gencli"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PYPROJECT = ROOT / "pyproject.toml"
 CORE_MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
 
 
-def import_time_nodes(tree: ast.AST):
-    """The import statements that run when the module is imported: not inside functions (deferred on purpose,
-    to keep torch out of CLI start-up) nor under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in [child, *import_time_nodes(child)])
-            continue
-        yield node
-        yield from import_time_nodes(node)
+@pytest.fixture(scope="module")
+def graph():
+    """gencli's import graph as import-linter reads it (grimp), from this checkout."""
+    import grimp
+
+    found = grimp.build_graph("gencli", cache_dir=None)
+    assert set(found.modules) == MODULES, "grimp read another gencli than this checkout's"
+    return found
 
 
-def imported_modules(name: str, path: Path, every: bool = False) -> set[str]:
-    """The gencli modules that importing ``name`` imports (``from pkg import mod`` names ``pkg.mod`` when it is a
-    module, else ``pkg``); with ``every``, also the imports inside functions and under ``if TYPE_CHECKING:``."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = set()
-    for node in ast.walk(tree) if every else import_time_nodes(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from . import x / from ..core import y
-                parts = package.split(".")
-                base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
-            for alias in node.names:
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-    return {m for m in found if m in MODULES and m != name}
+def contracts() -> list:
+    """pyproject.toml's contracts, as import-linter builds them."""
+    from importlinter.api import read_configuration
+    from importlinter.contracts.forbidden import ForbiddenContract
+    from importlinter.contracts.layers import LayersContract
+
+    kinds = {"layers": LayersContract, "forbidden": ForbiddenContract}
+    config = read_configuration(str(PYPROJECT))
+    return [kinds[c["type"]](c["name"], config["session_options"],
+                             {k: v for k, v in c.items() if k not in ("id", "name", "type")})
+            for c in config["contracts_options"]]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -79,20 +73,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_cycle_finder_finds_a_cycle_and_only_a_cycle():
+def test_cycle_finder_finds_a_cycle_and_only_a_cycle(graph):
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-    assert imported_modules("gencli.core.stamp.loss", MODULES["gencli.core.stamp.loss"]) >= {
+    assert graph.find_modules_directly_imported_by("gencli.core.stamp.loss") >= {
         "gencli.core.stamp.sap", "gencli.core.lm.loss"}
-    deferred = ast.parse("import gencli.a\nif TYPE_CHECKING:\n    import gencli.b\ndef f():\n    import gencli.c\n")
-    assert [ast.unparse(n) for n in import_time_nodes(deferred) if isinstance(n, ast.Import)] == ["import gencli.a"]
+    # gencli imports core.infer only inside a function and under TYPE_CHECKING: still an arrow
+    assert "gencli.core.infer.recommend" in graph.find_modules_directly_imported_by("gencli")
 
 
-def test_the_import_graph_of_gencli_has_no_cycle():
+def test_the_import_graph_of_gencli_has_no_cycle(graph):
     """Not even through an import inside a function: the rooms form a stack."""
-    graph = {name: imported_modules(name, path, every=True) for name, path in MODULES.items()}
-    assert sum(len(v) for v in graph.values()) > 400  # the graph was really read, deferred imports included
-    cycle = find_cycle(graph)
+    edges = {name: graph.find_modules_directly_imported_by(name) for name in graph.modules}
+    assert sum(len(v) for v in edges.values()) > 400  # the graph was really read, deferred imports included
+    cycle = find_cycle(edges)
     assert cycle is None, " -> ".join(cycle)
 
 
@@ -119,40 +113,57 @@ def room_of(module: str, owner: dict[str, str]) -> str | None:
     return None
 
 
-def arrows_against(table: str) -> list[str]:
-    owner, allowed = rooms(table)
-    wrong = []
-    for name, path in MODULES.items():
-        mine = room_of(name, owner)
-        if mine is None:
-            wrong.append(f"{name} belongs to no room of docs/architecture.md")
-            continue
-        for target in sorted(imported_modules(name, path, every=True)):
-            theirs = room_of(target, owner)
-            if theirs != mine and theirs not in allowed[mine]:
-                wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
-    return wrong
-
-
-def test_the_layer_check_reads_the_table_and_sees_a_deferred_import():
+def test_the_table_names_every_module_and_its_room():
     owner, allowed = rooms(ARCHITECTURE.read_text(encoding="utf-8"))
     assert room_of("gencli.core.infer.beam", owner) == "core.infer" and room_of("gencli.core.dist", owner) == "core.util"
     assert room_of("gencli", owner) == "api" and room_of("gencli.errors", owner) == "base"
     assert allowed["steps"] == set() and "core.infer" not in allowed["core.lm"]
-    # gencli.core.lm.warm imports core.sid (allowed); a table without that arrow makes the check fail
-    table = ARCHITECTURE.read_text(encoding="utf-8").replace(
-        "| base, config, core.util, core.data, core.sid |", "| base, config, core.util, core.data |")
-    assert any(line.startswith("gencli.core.lm.warm (core.lm) imports gencli.core.sid")
-               for line in arrows_against(table))
-    # gencli.core.infer.bundle imports gencli.core.lm.backbone only inside a function: still an arrow
-    bundle = MODULES["gencli.core.infer.bundle"]
-    assert "gencli.core.lm.backbone" in imported_modules("gencli.core.infer.bundle", bundle, every=True)
+    assert [m for m in sorted(MODULES) if room_of(m, owner) is None] == []
 
 
-def test_every_import_follows_the_table_of_rooms():
-    """Every import, at module level or inside a function, goes within a room or along an arrow of the table."""
-    wrong = arrows_against(ARCHITECTURE.read_text(encoding="utf-8"))
-    assert wrong == [], "imports against docs/architecture.md's table:\n" + "\n".join(wrong)
+def test_lint_imports_keeps_every_contract_of_pyproject():
+    """What CI and a developer run: `lint-imports` on this checkout, every contract kept."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache", "--no-logo", str(PYPROJECT)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and " 0 broken" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_contracts_allow_exactly_the_arrows_of_the_table(graph):
+    """Room by room, on gencli's modules without their imports: one import the table allows keeps every contract,
+    any other breaks one. A room stands in by each of its modules that holds no other room (core.util by
+    gencli.core.artifacts and its siblings, not by the package gencli.core; api by the package gencli)."""
+    import grimp
+
+    owner, allowed = rooms(ARCHITECTURE.read_text(encoding="utf-8"))
+    members = {room: [m for m, r in owner.items() if r == room and not any(
+        o.startswith(m + ".") and owner[o] != room for o in owner)] or [m for m, r in owner.items() if r == room]
+        for room in allowed}
+    blank = grimp.ImportGraph()
+    for name in graph.modules:
+        blank.add_module(name)
+    checks = contracts()
+
+    def broken(importer: str, imported: str) -> list[str]:
+        blank.add_import(importer=importer, imported=imported)
+        try:
+            return [c.name for c in checks if not c.check(blank, verbose=False).kept]
+        finally:
+            blank.remove_import(importer=importer, imported=imported)
+
+    wrong = []
+    for room, mine in members.items():
+        for other, theirs in members.items():
+            pairs = [(a, b) for a in mine for b in theirs if a != b] if other == room else [(mine[0], theirs[0])]
+            for importer, imported in pairs:
+                names = broken(importer, imported)
+                if (other == room or other in allowed[room]) == bool(names):
+                    wrong.append(f"{importer} ({room}) -> {imported} ({other}): the table "
+                                 f"{'forbids' if names == [] else 'allows'} it, the contracts "
+                                 f"{'break: ' + ', '.join(names) if names else 'keep it'}")
+    assert wrong == [], "pyproject.toml's contracts and docs/architecture.md's table differ:\n" + "\n".join(wrong)
+    # the package gencli.core stands in for no room (it holds every core room): it stays its docstring
+    assert graph.find_modules_directly_imported_by("gencli.core") == set()
 
 
 def test_no_core_module_is_over_400_lines():

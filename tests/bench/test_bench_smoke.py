@@ -168,10 +168,13 @@ def test_stamp_speed_times_every_variant_on_both_mixes(embedded_workdir, tmp_pat
     assert mixes["long"]["rows"][0]["speedup"] == 1.0 and "| stamp | " in proc.stdout
 
 
+# ---- research/gpu's one-off device checks, dry-run on a CPU (slow) ------------------------------------------------
+
+
 @pytest.mark.slow
 def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
     out = tmp_path / "gpu-check"
-    run_bench("bench/stamp_gpu_check.sh", str(tiny_workdir), str(tiny_workdir), str(out),
+    run_bench("research/gpu/stamp_gpu_check.sh", str(tiny_workdir), str(tiny_workdir), str(out),
               env={"DEVICE": "cpu", "STEPS": "2", "USERS": "10"})
     for dataset, variants in (("sample", {"base", "stamp"}), ("ml100k", {"base", "map", "sap", "stamp"})):
         rows = json.loads((out / dataset / "recall.json").read_text())["rows"]
@@ -180,11 +183,11 @@ def test_stamp_gpu_check_dry_run_on_cpu(tiny_workdir, tmp_path):
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_cpu_writes_the_three_tables(tiny_workdir, tmp_path):
-    """bench/gpu_check.sh with its CPU override (tiny backbone, a few steps): every job finishes and
-    bench/gpu_tables.py fills the three tables from their outputs."""
+    """research/gpu/gpu_check.sh with its CPU override (tiny backbone, a few steps): every job finishes and
+    research/gpu/gpu_tables.py fills the three tables from their outputs."""
     out = tmp_path / "out"
     # INIT_TRAIN_S 11: the least an init run trains (gpu_check.sh skips it with 10 s or less)
-    run_bench("bench/gpu_check.sh", str(tiny_workdir), str(out), timeout=1500,
+    run_bench("research/gpu/gpu_check.sh", str(tiny_workdir), str(out), timeout=1500,
               env={"DEVICE": "cpu", "MODEL": "tiny", "SEEDS": "0", "INITS": "centroid random", "STAMP_STEPS": "2",
                    "STAMP_VAL_USERS": "10", "EVAL_BEAMS": "10", "SPEED_ROUNDS": "2", "SPEED_STEPS": "1",
                    "SPEED_BATCH": "4", "SPEED_MIN_TOKENS": "16", "INIT_TRAIN_S": "11", "INIT_EPOCHS": "1", "SERVE_REQUESTS": "10",

@@ -5,7 +5,7 @@
 # at a sane lr), base, map, sap and stamp. Sized for one call on one H200 (~8 min: 2 x init-vocab 20 s, then
 # 3 waves of 4 runs side by side, ~90-120 s each).
 #
-#   GENCLI_HOME=/path/with/smollm2 bash bench/stamp_gpu_check.sh SAMPLE_WORKDIR ML100K_WORKDIR OUT_DIR
+#   GENCLI_HOME=/path/with/smollm2 bash research/gpu/stamp_gpu_check.sh SAMPLE_WORKDIR ML100K_WORKDIR OUT_DIR
 #
 # Each workdir must hold ingest, embed and quantize (e.g. bench/common.py prepare_shared(..., 3, 64));
 # init-vocab (smollm2-135m, centroid) is run here when missing. Settings are those of the H200 and CPU tables in

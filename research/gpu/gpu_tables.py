@@ -1,6 +1,6 @@
-"""The tables of bench/gpu_check.sh, from what its jobs wrote (RESULTS/json); a job that did not finish is named.
+"""The tables of research/gpu/gpu_check.sh, from what its jobs wrote (RESULTS/json); a job that did not finish is named.
 
-    python bench/gpu_tables.py RESULTS [--work WORK]      # markdown on stdout (gpu_check.sh writes tables.md)
+    python research/gpu/gpu_tables.py RESULTS [--work WORK]      # markdown on stdout (gpu_check.sh writes tables.md)
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     args = p.parse_args()
     machine = args.results / "logs" / "machine.txt"
-    lines = ["# bench/gpu_check.sh", ""]
+    lines = ["# research/gpu/gpu_check.sh", ""]
     if machine.is_file():
         lines += ["```", machine.read_text(encoding="utf-8").strip(), "```", ""]
     lines += stamp_tables(args.results, [int(s) for s in args.seeds.split(",")], args.model)

@@ -17,20 +17,20 @@
 # Several jobs share the GPU in step 2 (a 135M model leaves most of an H200 idle); the speed measurement and the
 # serve bench run alone. Workdir copies (with their models) go under WORK, never under the output folder.
 #
-#   GENCLI_HOME=/path/with/smollm2 bash bench/gpu_check.sh SAMPLE_WORKDIR [OUT_DIR]      # OUT_DIR default: $OUT
+#   GENCLI_HOME=/path/with/smollm2 bash research/gpu/gpu_check.sh SAMPLE_WORKDIR [OUT_DIR]      # OUT_DIR default: $OUT
 #
 # SAMPLE_WORKDIR holds ingest, embed and quantize (3 x 64 codes, as sample_data/pipeline.toml) of sample_data, and
-# `gencli models pull smollm2-135m` has run. The tables land in OUT_DIR/tables.md (bench/gpu_tables.py), the raw
+# `gencli models pull smollm2-135m` has run. The tables land in OUT_DIR/tables.md (research/gpu/gpu_tables.py), the raw
 # JSON in OUT_DIR/json and the logs in OUT_DIR/logs. A dry run on a CPU (tiny backbone, a few steps):
 #
 #   DEVICE=cpu MODEL=tiny STAMP_STEPS=4 SPEED_ROUNDS=1 SPEED_STEPS=1 SPEED_BATCH=4 INIT_TRAIN_S=20 INIT_EPOCHS=1 \
-#     SERVE_REQUESTS=20 SERVE_TIME=3 THREADS=1 BUDGET=1500 bash bench/gpu_check.sh W dry-out
+#     SERVE_REQUESTS=20 SERVE_TIME=3 THREADS=1 BUDGET=1500 bash research/gpu/gpu_check.sh W dry-out
 set -uo pipefail
-SAMPLE=${1:?usage: bash bench/gpu_check.sh SAMPLE_WORKDIR [OUT_DIR]}
+SAMPLE=${1:?usage: bash research/gpu/gpu_check.sh SAMPLE_WORKDIR [OUT_DIR]}
 RESULTS=${2:-${OUT:-}}
-[ -n "$RESULTS" ] || { echo "bench/gpu_check.sh: give an output folder or set OUT" >&2; exit 2; }
+[ -n "$RESULTS" ] || { echo "research/gpu/gpu_check.sh: give an output folder or set OUT" >&2; exit 2; }
 for step in ingest embed quantize; do
-  [ -f "$SAMPLE/$step/step.json" ] || { echo "bench/gpu_check.sh: $SAMPLE has no finished $step step" >&2; exit 2; }
+  [ -f "$SAMPLE/$step/step.json" ] || { echo "research/gpu/gpu_check.sh: $SAMPLE has no finished $step step" >&2; exit 2; }
 done
 DEVICE=${DEVICE:-cuda}; MODEL=${MODEL:-smollm2-135m}; LR=${LR:-2e-4}; SEEDS=${SEEDS:-0 1}; THREADS=${THREADS:-2}
 STAMP_STEPS=${STAMP_STEPS:-300}; STAMP_BATCH=${STAMP_BATCH:-32}; STAMP_HISTORY=${STAMP_HISTORY:-40}
@@ -42,7 +42,7 @@ INIT_EVALS=${INIT_EVALS:-2}  # validations per epoch: the step of the peak to ha
 SERVE_REQUESTS=${SERVE_REQUESTS:-300}; SERVE_TIME=${SERVE_TIME:-8}; SERVE_CONC=${SERVE_CONC:-1,16,64}
 PARTS=${PARTS:-stamp init serve}  # which of the three checks run (a rerun of one of them: PARTS=stamp INITS=centroid)
 BUDGET=${BUDGET:-420}
-REPO=$(cd "$(dirname "$0")/.." && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-${GENCLI_BENCH_CACHE:-$REPO/bench/.cache}/gpu-check}  # workdir copies with their models (tens of GB)
 SERVE_RESERVE=${SERVE_RESERVE:-90}  # seconds kept for step 4 (export, serve, tables) when the training jobs start
 EVAL_RESERVE=${EVAL_RESERVE:-70}    # seconds an init run keeps after training for its blend fit, eval and cold-eval
@@ -156,7 +156,7 @@ if has serve && g export "$WORK/stamp-base-s$first_seed" export "$WORK/bundle" -
 fi
 
 note "jobs done; $(( DEADLINE - $(date +%s) )) s of the budget left"
-"$PYTHON" bench/gpu_tables.py "$RESULTS" --seeds "${SEEDS// /,}" --inits "${INITS// /,}" --model "$MODEL" \
+"$PYTHON" research/gpu/gpu_tables.py "$RESULTS" --seeds "${SEEDS// /,}" --inits "${INITS// /,}" --model "$MODEL" \
   > "$RESULTS/tables.md" \
   2> "$RESULTS/logs/tables.log"
 note "tables: exit $?"
