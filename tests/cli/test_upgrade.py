@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 from click.testing import CliRunner
-from workdirs import SFT, refused, run
+from helpers.workdirs import SFT, refused, run
 
 from gencli.cli import cli
 from gencli.core.infer import bundle
