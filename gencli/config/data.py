@@ -54,7 +54,7 @@ class IngestConfig:
                                  f"--interactions is required for --format {self.format}")) if not ok]
 
 
-DEFAULT_TEMPLATE = "{title}. {category}. {description}"
+DEFAULT_TEMPLATE = "{title}. {brand?}. {category}. {description}"  # {name?}: dropped where the column is absent
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ class EmbedConfig:
     model: str = option("all-minilm-l6-v2", "A sentence-transformers folder, or the bundled preset all-minilm-l6-v2.",
                         path=True)
     template: str = option(DEFAULT_TEMPLATE, "Item text: a format string over item columns; empty fields and their "
-                                             "separators are dropped.")
+                                             "separators are dropped, and a field written {name?} is dropped where "
+                                             "the catalog has no such column.")
     batch_size: int = option(64, "Texts per encoder batch.")
     chunk_size: int = option(512, "Texts encoded and saved to disk per chunk: memory stays one chunk of vectors, and a "
                                   "killed embed continues after its last saved chunk.")

@@ -15,6 +15,7 @@ USERS = "users.parquet"  # user_idx:int32, user_id:str
 
 # embed/
 EMBEDDINGS = "embeddings.npy"  # float32 [n_items, dim], row i = item_idx i, L2-normalised
+LEXICAL = "lexical.npz"  # SciPy CSR float32 [n_items, n_terms]: BM25 weights of each item's text, rows at unit norm
 
 # quantize/
 CODEBOOKS = "codebooks.npz"  # level_0 .. level_{L-1}: float32 [K_l, dim] centroids in the normalised residual space

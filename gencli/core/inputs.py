@@ -84,6 +84,13 @@ class Inputs:
 
         return embed.load_embeddings(self.dir("embed"), mmap=mmap)
 
+    def lexical(self):
+        """embed's BM25 rows of the item texts (CSR), or None for a workdir embedded before them."""
+        from gencli.core.sid import embed
+
+        folder = self.dir("embed")
+        return embed.load_lexical(folder, int(embed.load_embeddings(folder, mmap=True).shape[0]))
+
     def model(self, step: str | None = None) -> tuple[Path, Path]:
         """(model folder, sid_vocab.json) of a model step (default: the one this step reads)."""
         return model_files(self.dir(step or self.model_step), step or self.model_step)
@@ -102,7 +109,8 @@ class Inputs:
     def ranker(self, ranking: str, item_tokens):
         """The content scorer over embed's vectors and, with ``ranking`` auto, the blends the model step fitted
         (sft's blend.json; none: the model alone)."""
-        return ranker(self.embeddings(), self.dir(self.model_step), self.model_step, ranking, item_tokens)
+        return ranker(self.embeddings(), self.dir(self.model_step), self.model_step, ranking, item_tokens,
+                      self.lexical())
 
 
 def model_files(folder: Path, step: str) -> tuple[Path, Path]:
@@ -129,8 +137,9 @@ def trained_history(record: dict[str, Any]) -> int:
     return SFT_MAX_HISTORY
 
 
-def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_tokens):
-    """The :class:`~gencli.core.infer.blend.Ranker` of a model folder (its blend.json when ``ranking`` is auto)."""
+def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_tokens, lexical=None):
+    """The :class:`~gencli.core.infer.blend.Ranker` of a model folder: its blend.json's text mix and repeat share
+    always, its blends when ``ranking`` is auto."""
     from gencli.core import artifacts
     from gencli.core.infer.blend import Ranker, first_groups
     from gencli.core.infer.blendfile import BlendFile
@@ -140,16 +149,20 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
     if vectors.shape[0] != len(item_tokens):
         raise ArtifactError(f"embed has vectors for {vectors.shape[0]} items but quantize has SIDs for "
                             f"{len(item_tokens)}; rerun `gencli embed` and `gencli quantize`")
-    blends = by_history = None
+    record = None
     path = model_folder / artifacts.BLEND
-    if ranking == "auto" and path.is_file():
+    if path.is_file():
         try:
             record = BlendFile.read(path)
-            blends, by_history = record.blends, record.by_history
         except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:
             raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
+    auto = ranking == "auto" and record is not None
     try:
         counts, prior = read_item_prior(model_folder / artifacts.ITEM_PRIOR, len(item_tokens))
     except ValueError as exc:
         raise ArtifactError(f"{model_folder}: {exc}; rerun `gencli {model_step} --force`") from None
-    return Ranker(ContentScorer(vectors), first_groups(item_tokens), blends, counts=counts, by_history=by_history, prior=prior)
+    scorer = ContentScorer(vectors, lexical=lexical, dense_share=record.dense_share if record is not None else 1.0)
+    return Ranker(scorer, first_groups(item_tokens), record.blends if auto else None, counts=counts,
+                  by_history=record.by_history if auto else None, prior=prior,
+                  repeats=record.repeat_share if record is not None else None,
+                  text=record.text if record is not None else None)

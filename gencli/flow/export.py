@@ -95,6 +95,7 @@ def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int 
             if name == step or record["metrics"].get("model_step") == step:  # only scores of this very model
                 metrics[name] = record["metrics"]
     blend_file = inputs.dir(step) / artifacts.BLEND  # absent (cpt, init-vocab): the model alone ranks
+    lexical = inputs.dir("embed") / artifacts.LEXICAL if inputs.lexical() is not None else None  # checked first
     meta = {
         "model_id": inputs.model_id(),
         "source": {"model_step": step, "steps": source_digests(ws, step), "workdir": str(ws.root.resolve())},
@@ -105,7 +106,7 @@ def export_bundle(ws, out_dir: Path, model_step: str = "auto", max_history: int 
     return write_bundle(out_dir, model_dir, vocab_path, items["item_id"].cast(pl.String).to_list(),
                         items["title"].cast(pl.String).to_list(), codes, meta, force=force,
                         users=workdir.histories(inputs) if users else None, embeddings=inputs.embeddings(),
-                        blend=blend_file if blend_file.is_file() else None)
+                        blend=blend_file if blend_file.is_file() else None, lexical=lexical)
 
 
 def export_workdir(workdir: Path, out_dir: Path, model_step: str = "auto", max_history: int = 0,

@@ -223,6 +223,8 @@ def history_buckets(histories: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: what is served, and eval's protocol
+REPEAT_FLOOR = 0.01  # training targets repeating a history item below this share: seen items are masked under
+# every policy (the model learns from the training split that this catalog's users do not come back to an item)
 
 
 def policy(exclude_seen: bool) -> str:
@@ -244,6 +246,16 @@ class Ranker:
     """{policy: {history-length bucket: Blend}}: buckets ranked by a blend of their own (:func:`fit_by_history`)."""
     prior: np.ndarray | None = None
     """The answer to a user without history: a score per item (:mod:`gencli.core.infer.prior`); None: the model's."""
+    repeats: float | None = None
+    """The share of training targets that repeat an item of the user's history; below REPEAT_FLOOR the seen items
+    are masked under both policies (:meth:`masks`). None: unknown (seen items ranked as asked)."""
+    text: dict | None = None
+    """How the text side's mix was fitted (blend.json's ``text``), when this ranker's maker fitted or read it."""
+
+    def masks(self, exclude_seen: bool) -> bool:
+        """Whether the user's history is masked under this policy: always when serving, and under the seen-ranked
+        policy too when the training split shows that users do not repeat items."""
+        return exclude_seen or (self.repeats is not None and self.repeats < REPEAT_FLOOR)
 
     def blend(self, exclude_seen: bool) -> Blend:
         return MODEL_ONLY if self.blends is None else self.blends[policy(exclude_seen)]
@@ -281,8 +293,8 @@ class Ranker:
                    histories: Sequence[Sequence[int]], exclude_seen: bool,
                    temperatures: Sequence[float] | None = None) -> Candidates:
         temps = temperatures or sorted({b.temperature for _, b in self.parts(exclude_seen, histories)})
-        return candidates(beam_items, beam_scores, self.scorer, histories, exclude_seen, first_logp, self.groups,
-                          temps, counts=self.counts)
+        return candidates(beam_items, beam_scores, self.scorer, histories, self.masks(exclude_seen), first_logp,
+                          self.groups, temps, counts=self.counts)
 
     def rank(self, beam_items: np.ndarray, beam_scores: np.ndarray, first_logp: np.ndarray | None,
              histories: Sequence[Sequence[int]], exclude_seen: bool, k: int) -> tuple[np.ndarray, np.ndarray]:

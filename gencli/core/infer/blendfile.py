@@ -39,6 +39,23 @@ class BlendFile:
     without it (a bundle made by hand)."""
     prior: dict[str, Any] | None = None
     """The no-history prior's fit (half_life_days, events, valid), when one was fitted."""
+    text: dict[str, Any] | None = None
+    """The text side's mix: ``dense_share`` (the dense cosine's share, the rest lexical), the validation ``users`` it
+    was fitted on and its ``grid`` (:func:`gencli.core.infer.content.fit_dense_share`). None: dense alone (files
+    from before the lexical side)."""
+    repeats: dict[str, Any] | None = None
+    """How often training targets repeat a history item: ``share``, ``targets``, the ``floor`` below which the seen
+    items are masked under every policy, and ``seen_masked``. None: files from before it (seen items ranked)."""
+
+    @property
+    def dense_share(self) -> float:
+        """The dense share of the text side (1.0 where the file has no text record)."""
+        return float((self.text or {}).get("dense_share", 1.0))
+
+    @property
+    def repeat_share(self) -> float | None:
+        """The share of training targets that repeat a history item (None where the file does not say)."""
+        return None if self.repeats is None else float(self.repeats["share"])
 
     @property
     def users(self) -> int | None:
@@ -64,6 +81,10 @@ class BlendFile:
             record["fit"] = self.fit
         if self.prior is not None:
             record["prior"] = self.prior
+        if self.text is not None:
+            record["text"] = self.text
+        if self.repeats is not None:
+            record["repeats"] = self.repeats
         return json.dumps(record, indent=2) + "\n"
 
     def write(self, folder: Path) -> None:
@@ -92,7 +113,18 @@ class BlendFile:
         if prior is not None and not isinstance(prior, dict):
             raise ValueError(f"{where}: prior must be an object, got {str(prior)[:200]}")
         return cls(read_blends(record.get("blends"), where), read_history_blends(record.get("by_history"), where),
-                   fit, prior)
+                   fit, prior, read_share(record.get("text"), where, "text", "dense_share", 1.0),
+                   read_share(record.get("repeats"), where, "repeats", "share", None))
+
+
+def read_share(record: object, where: str, field: str, key: str, upper: float | None) -> dict[str, Any] | None:
+    """blend.json's ``text`` or ``repeats`` record: an object whose ``key`` is a number in [0, 1] (None when absent)."""
+    if record is None:
+        return None
+    value = record.get(key) if isinstance(record, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= (upper or 1.0):
+        raise ValueError(f"{where}: {field}.{key} must be a number in [0, 1], got {str(record)[:200]}")
+    return record
 
 
 def read_blends(record: object, where: str) -> dict[str, Blend]:

@@ -56,7 +56,7 @@ USERS = "users.parquet"  # optional: user_id, history (rows of items.parquet, ol
 def write_bundle(
     out_dir: Path, model_dir: Path, vocab_path: Path, item_ids: list[str], titles: list[str], codes: np.ndarray,
     meta: dict[str, Any], force: bool = False, users: tuple[list[str], list[list[int]]] | None = None,
-    embeddings: np.ndarray | None = None, blend: Path | None = None,
+    embeddings: np.ndarray | None = None, blend: Path | None = None, lexical: Path | None = None,
 ) -> dict[str, Any]:
     """Write the bundle into ``out_dir`` atomically (a hidden sibling folder renamed at the end); returns gencli.json.
 
@@ -65,7 +65,8 @@ def write_bundle(
     and their histories as item rows, oldest first) are written to ``users.parquet``, so the bundle alone can score
     every user (``gencli recommend --bundle B --output FILE``); ``embeddings`` (the embed step's item vectors, row =
     item) go to EMBEDDINGS for the content part of the ranking, and ``blend`` (the model step's blend.json) is
-    copied beside them: together they make the bundle rank as the workdir does.
+    copied beside them, with ``lexical`` (the embed step's lexical.npz, when it has one): together they make the
+    bundle rank as the workdir does.
     """
     import polars as pl
 
@@ -105,6 +106,8 @@ def write_bundle(
                           "history": pl.Series(users[1], dtype=pl.List(pl.Int32))}).write_parquet(staging / USERS)
         if embeddings is not None:
             np.save(staging / artifacts.EMBEDDINGS, np.ascontiguousarray(embeddings, dtype=np.float32))
+            if lexical is not None:
+                shutil.copyfile(lexical, staging / artifacts.LEXICAL)
         if blend is not None:  # with the model step's evidence about each item, when it has it
             shutil.copyfile(blend, staging / artifacts.BLEND)
             if (Path(blend).parent / artifacts.ITEM_PRIOR).is_file():
@@ -339,8 +342,10 @@ def _tokens(path: Path, codes: np.ndarray, vocab: Any) -> np.ndarray:
 
 
 def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
-    """The bundle's ranker: EMBEDDINGS (one row per item) and the blends of BLEND; a bundle without EMBEDDINGS ranks
-    by the model alone (bundles exported before the blend), one without BLEND by the model with content beside it."""
+    """The bundle's ranker: EMBEDDINGS (one row per item), LEXICAL when present (bundles exported before it: the
+    text side is dense alone) and the blends of BLEND; a bundle without EMBEDDINGS ranks by the model alone (bundles
+    exported before the blend), one without BLEND by the model with content beside it."""
+    from gencli.core.data import lexical
     from gencli.core.infer.blend import Ranker, first_groups
     from gencli.core.infer.blendfile import BlendFile
     from gencli.core.infer.content import ContentScorer
@@ -356,20 +361,27 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] != len(item_tokens):
         raise _bad(path, f"{artifacts.EMBEDDINGS} must be float32 [{len(item_tokens)} items, dim], found "
                          f"{vectors.dtype} {vectors.shape}")
-    blends = by_history = None
+    record = None
     blend_file = Path(path) / artifacts.BLEND
     if blend_file.is_file():
         try:
             record = BlendFile.read(blend_file, artifacts.BLEND)
-            blends, by_history = record.blends, record.by_history
         except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:  # 1e400 as an int overflows
             raise _bad(path, f"{artifacts.BLEND} is damaged ({_shown(str(exc), 200)})") from None
+    words = None
+    if (Path(path) / artifacts.LEXICAL).is_file():
+        try:
+            words = lexical.load(Path(path) / artifacts.LEXICAL, len(item_tokens))
+        except ValueError as exc:
+            raise _bad(path, f"{artifacts.LEXICAL}: {_shown(str(exc).replace(str(path), ''), 200)}") from None
     try:
-        scorer = ContentScorer(vectors)
+        scorer = ContentScorer(vectors, lexical=words, dense_share=record.dense_share if record is not None else 1.0)
     except ValueError as exc:
         raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None
     try:
         counts, prior = read_item_prior(Path(path) / artifacts.ITEM_PRIOR, len(item_tokens))
     except ValueError as exc:
         raise _bad(path, str(exc)) from None
-    return Ranker(scorer, first_groups(item_tokens), blends, counts=counts, by_history=by_history, prior=prior)
+    return Ranker(scorer, first_groups(item_tokens), None if record is None else record.blends, counts=counts,
+                  by_history=None if record is None else record.by_history, prior=prior,
+                  repeats=None if record is None else record.repeat_share, text=None if record is None else record.text)

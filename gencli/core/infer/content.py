@@ -35,7 +35,10 @@ CONTENT_DECAY = 0.8  # weight of each older item relative to the next newer one
 CONTENT_CANDIDATES = 50  # items per user and signal that may enter a blended top K (with the beam's items)
 USER_CHUNK_CELLS = 4_000_000  # users x catalog cosines computed at once (16 MB of float32)
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # the blend's model share, fitted on validation
-TEMPERATURES = (0.2, 0.5, 1.0, 2.0)  # content softmax temperatures, fitted on validation
+TEMPERATURES = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # content softmax temperatures, fitted on validation (below 0.2
+# the text can be confident: on Beauty's 12,101 items a temperature of 0.2 left its top 10 about 0.3% of its mass)
+DENSE_SHARES = tuple(round(0.1 * i, 1) for i in range(11))  # the dense side's share of the text cosine, fitted
+TEXT_FIT_USERS = 20_000  # validation users the text side's mix is fitted on, at most (a fixed subsample above)
 COLD_BOOSTS = (0.0, 2.0, 8.0, 32.0, 128.0)  # the text parts' boost b for items with few training targets, fitted
 
 
@@ -91,38 +94,80 @@ MODEL_ONLY = Blend(1.0)
 
 
 class ContentScorer:
-    """Cosines of every catalog item with a user's content profile (``embeddings``: [n_items, dim], row = item)."""
+    """Cosines of every catalog item with a user's content profile, from the dense ``embeddings`` ([n_items, dim],
+    row = item) and, when given, the ``lexical`` BM25 rows (SciPy CSR [n_items, n_terms],
+    :mod:`gencli.core.data.lexical`): ``dense_share`` x the dense cosine + the rest x the lexical one. Each side's
+    profile is the recency-weighted sum of the history's rows, L2-normalised."""
 
-    def __init__(self, embeddings: np.ndarray, window: int = CONTENT_WINDOW, decay: float = CONTENT_DECAY):
+    def __init__(self, embeddings: np.ndarray, window: int = CONTENT_WINDOW, decay: float = CONTENT_DECAY,
+                 lexical: Any = None, dense_share: float = 1.0):
         emb = np.asarray(embeddings, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[0] == 0 or emb.shape[1] == 0:
             raise ValueError(f"item embeddings must be a non-empty [n_items, dim] matrix (got shape {emb.shape})")
         if not np.isfinite(emb).all():
             raise ValueError("item embeddings hold NaN or infinite values; rerun gencli embed")
+        if lexical is not None and lexical.shape[0] != emb.shape[0]:
+            raise ValueError(f"the lexical vectors have {lexical.shape[0]} rows but the embeddings {emb.shape[0]}; "
+                             "rerun gencli embed")
+        if not 0.0 <= dense_share <= 1.0:
+            raise ValueError(f"the dense share of the text side must be in [0, 1] (got {dense_share})")
         norms = np.linalg.norm(emb, axis=1, keepdims=True)
         self.embeddings = np.where(norms > 1e-12, emb / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
         self.window, self.decay = window, decay
+        self.lexical = None if lexical is None else lexical.tocsr().astype(np.float32)
+        self.dense_share = 1.0 if lexical is None else float(dense_share)
 
     def __len__(self) -> int:
         return self.embeddings.shape[0]
 
-    def profiles(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
-        """[U, dim] unit profiles (a zero row for an empty history)."""
-        out = np.zeros((len(histories), self.embeddings.shape[1]), dtype=np.float32)
-        for row, history in enumerate(histories):
-            recent = np.asarray(list(history)[-self.window:], dtype=np.int64)
-            if recent.size == 0:
-                continue
-            weights = self.decay ** np.arange(recent.size - 1, -1, -1, dtype=np.float64)
-            vector = (weights[:, None] * self.embeddings[recent]).sum(axis=0)
-            norm = np.linalg.norm(vector)
-            if norm > 1e-12:
-                out[row] = vector / norm
+    def with_share(self, dense_share: float) -> ContentScorer:
+        """The same sides mixed with another dense share."""
+        out = object.__new__(ContentScorer)
+        out.__dict__.update(self.__dict__, dense_share=float(dense_share) if self.lexical is not None else 1.0)
         return out
 
+    def weights(self, histories: Sequence[Sequence[int]]) -> Any:
+        """[U, n_items] CSR: row u holds decay ** age on user u's last ``window`` history items (repeats add up)."""
+        import scipy.sparse as sp
+
+        rows, cols, vals = [], [], []
+        for row, history in enumerate(histories):
+            recent = list(history)[-self.window:]
+            rows += [row] * len(recent)
+            cols += recent
+            vals += list(self.decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float64))
+        return sp.csr_matrix((np.asarray(vals, np.float32), (np.asarray(rows, np.int64), np.asarray(cols, np.int64))),
+                             shape=(len(histories), len(self)))
+
+    def profiles(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
+        """[U, dim] unit dense profiles (a zero row for an empty history)."""
+        return _unit_rows(np.asarray(self.weights(histories) @ self.embeddings, dtype=np.float32))
+
+    def sides(self, histories: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """([U, n_items] dense cosines, [U, n_items] lexical cosines or None without a lexical side)."""
+        weights = self.weights(histories)
+        dense = _unit_rows(np.asarray(weights @ self.embeddings, dtype=np.float32)) @ self.embeddings.T
+        if self.lexical is None:
+            return dense, None
+        import scipy.sparse as sp
+
+        profile = (weights @ self.lexical).tocsr()
+        norms = np.sqrt(np.asarray(profile.multiply(profile).sum(axis=1), dtype=np.float64)).ravel()
+        profile = sp.diags(np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0).astype(np.float32)) @ profile
+        return dense, np.asarray((profile @ self.lexical.T).toarray(), dtype=np.float32)
+
     def cosines(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
-        """[U, n_items] float32 cosine of every item with each user's profile (0 everywhere for an empty history)."""
-        return self.profiles(histories) @ self.embeddings.T
+        """[U, n_items] float32 text score of every item for each user: the dense cosine, mixed with the lexical one
+        by ``dense_share`` (0 everywhere for an empty history)."""
+        dense, lexical = self.sides(histories)
+        if lexical is None or self.dense_share >= 1.0:
+            return dense
+        return (self.dense_share * dense + (1.0 - self.dense_share) * lexical).astype(np.float32)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.where(norms > 1e-12, x / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
 
 
 def user_chunks(n_users: int, n_items: int) -> list[slice]:
@@ -160,3 +205,35 @@ def top_by_score(scores: np.ndarray, k: int) -> np.ndarray:
         order = order[np.isfinite(scores[r, order])]
         out[r, : order.size] = order
     return out
+
+
+def fit_dense_share(scorer: ContentScorer, histories: Sequence[Sequence[int]], targets: np.ndarray,
+                    k: int = 10) -> tuple[float, list[dict]]:
+    """The dense share of the text side with the best Recall@k + NDCG@k of the text alone on these (validation)
+    users, their history items masked (what is served), over DENSE_SHARES (ties: the larger dense share); every
+    share tried is returned with its scores. No lexical side: 1.0 and an empty table. Decode-free: the text alone
+    ranks, so it is fitted once, before the model trains, on every validation user up to TEXT_FIT_USERS."""
+    if scorer.lexical is None or len(histories) == 0:
+        return 1.0, []
+    targets = np.asarray(targets, dtype=np.int64)
+    ranks = np.zeros((len(DENSE_SHARES), len(histories)), dtype=np.int64)
+    n_items = len(scorer)
+    for rows in user_chunks(len(histories), n_items):
+        dense, lexical = scorer.sides(histories[rows])
+        banned = ban_mask(histories, rows, n_items)
+        target = targets[rows]
+        at = np.arange(target.size)
+        for i, share in enumerate(DENSE_SHARES):
+            score = (share * dense + (1.0 - share) * lexical).astype(np.float32)
+            score[banned] = -np.inf
+            own = score[at, target]
+            ahead = (score > own[:, None]) | ((score == own[:, None]) & (np.arange(n_items)[None, :] < target[:, None]))
+            ranks[i, rows] = np.where(np.isfinite(own), ahead.sum(axis=1) + 1, 0)
+    table = []
+    for share, r in zip(DENSE_SHARES, ranks, strict=True):
+        hit = (r >= 1) & (r <= k)
+        gain = np.where(hit, 1.0 / np.log2(np.maximum(r, 1) + 1.0), 0.0)
+        table.append({"dense_share": share, f"recall@{k}": round(float(hit.mean()), 6),
+                      f"ndcg@{k}": round(float(gain.mean()), 6)})
+    best = max(table, key=lambda row: (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 6), row["dense_share"]))
+    return float(best["dense_share"]), table

@@ -156,6 +156,10 @@ class Evaluator:
         self.trie = SidTrie(item_tokens)
         self.ranker = ranker
 
+    def masks(self, exclude_seen: bool) -> bool:
+        """Whether the histories are masked under this policy (:meth:`~gencli.core.infer.blend.Ranker.masks`)."""
+        return exclude_seen if self.ranker is None else self.ranker.masks(exclude_seen)
+
     def __call__(
         self,
         model: torch.nn.Module,
@@ -180,7 +184,7 @@ class Evaluator:
         out = constrained_beam_search(
             model, self.prompts, self.trie, beams=beams, top_k=beams, batch_size=batch_size, device=device,
             progress=progress, softmax_rows=softmax_rows, prune=prune,
-            banned=self.histories if exclude_seen else None, first_level=self.ranker is not None,
+            banned=self.histories if self.masks(exclude_seen) else None, first_level=self.ranker is not None,
         )
         parts: dict = {}
         if self.ranker is None:
@@ -237,7 +241,7 @@ def _with_baselines(result: Evaluation, evaluator: Evaluator, train_counts: np.n
     if train_counts is None:
         return {}
     extra = versus_baselines(result, evaluator.targets, train_counts, ks, n_items,
-                             evaluator.histories if result.exclude_seen else None)
+                             evaluator.histories if evaluator.masks(result.exclude_seen) else None)
     result.metrics["popularity_baseline"] = extra.pop("popularity_baseline")
     if "content_baseline" in extra:
         result.metrics["content_baseline"] = extra.pop("content_baseline")

@@ -5,7 +5,8 @@ The prompt is eval's (:func:`gencli.core.lm.prompt.build_prompt`: BOS + the SIDs
 exactly eval's (with the same ranker: the blend of model and content, :mod:`gencli.core.infer.blend`).
 With ``exclude_seen`` every item of the history is banned inside the decoder
 (:meth:`SidTrie.dead_keys`): a user gets exactly K distinct unseen items whenever the catalog holds
-that many, with no over-generation and filtering afterwards. An empty history (or one of unknown ids only) gets
+that many, with no over-generation and filtering afterwards. Without it the history is masked all the same where the
+training split shows that this catalog's users never come back to an item (:meth:`Ranker.masks`). An empty history (or one of unknown ids only) gets
 the no-history prior, what has been popular lately (:mod:`gencli.core.infer.prior`, fitted by sft), with the blend;
 without a prior (``--ranking model``, or a model step or bundle without item_prior.npy) the model alone answers it
 with its unconditional top K (the prompt is BOS alone; the content side, a profile of nothing, would tie every item). A score is the summed log-probability of the item's SID tokens (the blend's, or the
@@ -198,13 +199,14 @@ class Recommender:
             return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), np.zeros(0, bool))
         blended = self.ranker is not None and self.ranker.blended(exclude_seen)
         seen = [list(h) for h in histories]
+        masked = exclude_seen if self.ranker is None else self.ranker.masks(exclude_seen)
         out = constrained_beam_search(
             self.model, prompts, self.trie, beams=beams, top_k=beams if blended else k, batch_size=batch_size,
             device=self.device, progress=progress,
             softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
-            banned=seen if exclude_seen else None, first_level=blended,
+            banned=seen if masked else None, first_level=blended,
         )
-        self._check_full(histories, out[0], out[1], beams if blended else k, exclude_seen)
+        self._check_full(histories, out[0], out[1], beams if blended else k, masked)
         if blended:
             items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
             empty = [row for row, h in enumerate(histories) if not h]  # no prior: a content profile of nothing
@@ -219,13 +221,13 @@ class Recommender:
         ranker = self.ranker
         return len(history) == 0 and ranker is not None and ranker.blends is not None and ranker.prior is not None
 
-    def _check_full(self, histories, items: np.ndarray, scores: np.ndarray, k: int, exclude_seen: bool) -> None:
+    def _check_full(self, histories, items: np.ndarray, scores: np.ndarray, k: int, masked: bool) -> None:
         """The search returns min(k, allowed items) per history by construction; less, or a NaN score, means the
         weights are broken (bit flips, NaN): say so rather than answer with a short or empty list."""
         found = items >= 0
         nan = ~np.isfinite(scores) & found  # NaN, or an item ranked at -inf: no list (and no JSON) carries either
         for row, history in enumerate(histories):
-            allowed = len(self.item_ids) - (len(set(history)) if exclude_seen else 0)
+            allowed = len(self.item_ids) - (len(set(history)) if masked else 0)
             got = int(found[row].sum())
             if got < min(k, allowed) or nan[row].any():
                 raise BrokenModelError(

@@ -8,6 +8,9 @@ dimensions and re-normalises.
 Vectors are streamed to disk: ``EmbedConfig.chunk_size`` texts are encoded, normalised and saved into the final
 ``embeddings.npy`` at a time (:mod:`gencli.core.sid.chunks`), so memory holds one chunk of vectors whatever the
 catalog size, and a killed run continues after its last saved chunk.
+
+Beside them it writes the text's lexical side, ``lexical.npz``: the BM25 term weights of the same texts
+(:mod:`gencli.core.data.lexical`), which the ranker mixes with the dense cosines.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from gencli.config import EmbedConfig
 from gencli.core import artifacts, dist
+from gencli.core.data import lexical
 from gencli.core.progress import SILENT, Progress
 from gencli.core.sid.chunks import MatrixFile
 from gencli.core.sid.incremental import VECTOR_OPTIONS, PreviousVectors, match_texts
@@ -167,6 +171,8 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
         _copy_reused(store, rows, previous.vectors, cfg.chunk_size)
     n, dim = store.matrix.shape
     store.finish()
+    words = lexical.bm25_vectors(texts)  # the text's word-match side: seconds, so computed again, never resumed
+    lexical.save(out_dir / artifacts.LEXICAL, words)
     info = {"model": cfg.model, "model_path": str(path), "model_dim": model_dim, "dim": int(dim),
             "template": cfg.template, "normalised": True, "matryoshka_truncated": bool(cfg.dim),
             "backend": cfg.backend, "precision": cfg.precision}
@@ -177,7 +183,7 @@ def run(cfg: EmbedConfig, texts: list[str], out_dir: Path, progress: Progress = 
                "model_dim": model_dim, "empty_texts": empty,
                "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1), "items_encoded": int(todo.size),
                "items_resumed": int(resumed), "items_per_s": round(encoded_now / seconds, 1) if seconds else 0.0,
-               "backend": cfg.backend, "precision": cfg.precision}
+               "backend": cfg.backend, "precision": cfg.precision, "lexical_terms": int(words.shape[1])}
     if previous is not None:
         metrics.update(items_reused=int(len(texts) - todo.size), reuse_from=str(previous.source),
                        reuse_skipped=skipped)
@@ -245,6 +251,20 @@ def load_embeddings(step_dir: Path, mmap: bool = False) -> np.ndarray:
     if x.ndim != 2 or x.dtype != np.float32:
         raise ArtifactError(f"{path} must be a float32 matrix, found {x.dtype} {x.shape}; rerun `gencli embed --force`")
     return x
+
+
+def load_lexical(step_dir: Path, n_items: int):
+    """The embed step's BM25 rows (CSR), or None for a workdir embedded before them (the text side is then dense
+    alone); ArtifactError naming the file when it is damaged."""
+    from gencli.errors import ArtifactError
+
+    path = Path(step_dir) / artifacts.LEXICAL
+    if not path.is_file():
+        return None
+    try:
+        return lexical.load(path, n_items)
+    except ValueError as exc:
+        raise ArtifactError(f"{exc}; rerun `gencli embed --force`") from None
 
 
 def run_step(cfg: EmbedConfig, inputs, out_dir: Path, progress: Progress = SILENT) -> dict[str, Any]:

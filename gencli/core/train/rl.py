@@ -44,7 +44,7 @@ from gencli.errors import ArtifactError, InputError
 def run(cfg: RlConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray, train: pl.DataFrame,
         valid: pl.DataFrame | None, embeddings: np.ndarray, out_dir: Path, progress: Progress = SILENT,
         resume: bool = False, events: tuple[np.ndarray, np.ndarray] | None = None,
-        start_dir: Path | None = None, max_history: int = SFT_MAX_HISTORY) -> dict[str, Any]:
+        start_dir: Path | None = None, max_history: int = SFT_MAX_HISTORY, lexical: Any = None) -> dict[str, Any]:
     """Preference-train the model in ``model_dir`` (sft's); write ``model/``, ``best/``, ``sid_vocab.json``,
     ``blend.json``, ``metrics.jsonl`` and ``checkpoints/`` into ``out_dir``. ``max_history`` is the prompt length
     sft trained with; ``start_dir`` the folder of the step that wrote ``model_dir`` (its ``blend.json`` is the bar
@@ -54,7 +54,8 @@ def run(cfg: RlConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray
         raise InputError("rl picks its checkpoint on the valid split, and ingest wrote none; ingest with a split "
                          "that keeps a validation target per user (the default --split loo)")
     vocab, item_tokens = load_sids(vocab_path, item_codes, train, valid)
-    ranker = content_ranker(embeddings, item_tokens, train)
+    start = read_blend(start_dir)  # sft's text mix is rl's too (a start without one: fitted here)
+    ranker = content_ranker(embeddings, item_tokens, train, lexical, valid, None if start is None else start.text)
     dataset = PromptExamples(train["sequence"], item_tokens, vocab, max_history, cfg.rl_targets, cfg.max_prompts,
                              cfg.seed)
     if len(dataset) == 0:
@@ -128,7 +129,8 @@ def run_step(cfg: RlConfig, inputs, out_dir: Path, progress: Progress = SILENT) 
     codes, _ = inputs.codes()
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"),
                   inputs.embeddings(), out_dir, progress, resume=inputs.resume, events=prior_events(inputs),
-                  start_dir=inputs.dir(inputs.model_step), max_history=inputs.trained_history())
+                  start_dir=inputs.dir(inputs.model_step), max_history=inputs.trained_history(),
+                  lexical=inputs.lexical())
     return {"started_from": inputs.model_step, **metrics}
 
 

@@ -59,6 +59,7 @@ def run(
     resume: bool = False,
     embeddings: np.ndarray | None = None,
     events: tuple[np.ndarray, np.ndarray] | None = None,
+    lexical: Any = None,
 ) -> dict[str, Any]:
     """Fine-tune on next-item prediction; write ``model/`` (best validation checkpoint), ``best/``,
     ``sid_vocab.json``, ``metrics.jsonl`` and ``checkpoints/``. With ``embeddings`` (the embed step's item vectors)
@@ -76,7 +77,8 @@ def run(
     model, tokenizer = load_model(model_dir, device, torch.float32)
     stamp = resolve(model, cfg.stamp)  # fail before training, not at step 1
     add_dropout(model, cfg.dropout)  # training mode only; nothing of it is saved
-    ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train)
+    ranker = None if embeddings is None or valid is None else content_ranker(embeddings, item_tokens, train, lexical,
+                                                                              valid)
     counts = tables.train_target_counts(train, len(item_tokens)) if ranker is None else ranker.counts
     rows = sid_rows(vocab) if cfg.sid_softmax else None  # also decoding: base-token logits stay untrained
     evaluate = None if valid is None else Validation(
@@ -134,7 +136,8 @@ def sft_metrics(cfg: SftConfig, summary: dict[str, Any], dataset: SftExamples, u
         "peak_step": summary["best_step"],
         "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
         **({"blend": blend.blends["exclude_seen"].to_dict(), "valid_blend": blend.fit["valid"],
-            "blend_fit_s": fit_seconds} if blend is not None else {}),
+            "blend_fit_s": fit_seconds, "text_dense_share": blend.dense_share if blend.text else None,
+            "repeat_share": blend.repeat_share} if blend is not None else {}),
     }
 
 
@@ -167,5 +170,6 @@ def run_step(cfg: SftConfig, inputs, out_dir: Path, progress: Progress = SILENT)
     model_dir, vocab_path = inputs.model()
     codes, _ = inputs.codes()
     metrics = run(cfg, model_dir, vocab_path, codes, inputs.split("train"), inputs.split("valid"), out_dir, progress,
-                  resume=inputs.resume, embeddings=inputs.embeddings(), events=prior_events(inputs))
+                  resume=inputs.resume, embeddings=inputs.embeddings(), events=prior_events(inputs),
+                  lexical=inputs.lexical())
     return {"started_from": inputs.model_step, **metrics}

@@ -22,12 +22,20 @@ import torch
 from gencli.config import BATCH, StampConfig, ValidationConfig
 from gencli.core import artifacts, dist
 from gencli.core.data import tables
-from gencli.core.infer.blend import FIT_K, Candidates, Ranker, content_ranking, first_groups, target_ranks
+from gencli.core.infer.blend import (
+    FIT_K,
+    REPEAT_FLOOR,
+    Candidates,
+    Ranker,
+    content_ranking,
+    first_groups,
+    target_ranks,
+)
 from gencli.core.infer.blendfile import BlendFile
-from gencli.core.infer.content import TEMPERATURES, ContentScorer
+from gencli.core.infer.content import TEMPERATURES, TEXT_FIT_USERS, ContentScorer, fit_dense_share
 from gencli.core.infer.evaluate import Evaluator
 from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit_by_history
-from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k
+from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k, seeded_subsample
 from gencli.core.infer.prior import fit_prior
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import SidVocab
@@ -131,7 +139,7 @@ class Validation:
             prior = {"half_life_days": half_life, "events": "training targets", "valid": table}
         else:
             stats[1], prior = stats[0], None
-        return BlendFile(blends, by_history, fitted, prior), stats
+        return BlendFile(blends, by_history, fitted, prior, self.ranker.text, repeats_record(self.ranker)), stats
 
     def _candidates(self, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
         return self.evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,
@@ -151,14 +159,35 @@ def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str,
     return out
 
 
-def content_ranker(embeddings: np.ndarray, item_tokens: np.ndarray, train: pl.DataFrame) -> Ranker:
-    """What validation needs to rank as gencli serves: the content side (embed's item vectors), each item's
-    first-code group and training target count. InputError when embed and quantize disagree on the catalog."""
+def content_ranker(embeddings: np.ndarray, item_tokens: np.ndarray, train: pl.DataFrame, lexical: Any = None,
+                   valid: pl.DataFrame | None = None, text: dict[str, Any] | None = None) -> Ranker:
+    """What validation needs to rank as gencli serves: the content side (embed's item vectors and, when embed wrote
+    them, its BM25 rows mixed by ``text``'s dense share, or by a share fitted here on ``valid``'s users), each
+    item's first-code group and training target count, and how often training targets repeat a history item.
+    InputError when embed and quantize disagree on the catalog."""
     if len(embeddings) != len(item_tokens):
         raise InputError(f"embed has vectors for {len(embeddings)} items but quantize has SIDs for "
                          f"{len(item_tokens)}; rerun gencli embed and gencli quantize")
-    return Ranker(ContentScorer(embeddings), first_groups(item_tokens),
-                  counts=tables.train_target_counts(train, len(item_tokens)))
+    scorer = ContentScorer(embeddings, lexical=lexical)
+    if lexical is not None and text is None and valid is not None and valid.height:
+        rows = seeded_subsample(valid.height, TEXT_FIT_USERS, VALID_SEED)
+        users = valid[rows]
+        share, grid = fit_dense_share(scorer, [list(h) for h in users["history"].to_list()],
+                                      users["target"].to_numpy().astype(np.int64))
+        text = {"dense_share": share, "users": int(rows.size), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
+                "policy": "exclude_seen", "grid": grid}
+    if lexical is not None and text is not None:
+        scorer = scorer.with_share(float(text["dense_share"]))
+    repeats, targets = tables.repeat_targets(train)
+    return Ranker(scorer, first_groups(item_tokens), counts=tables.train_target_counts(train, len(item_tokens)),
+                  repeats=repeats / targets if targets else None, text=text if lexical is not None else None)
+
+
+def repeats_record(ranker: Ranker) -> dict[str, Any] | None:
+    """blend.json's ``repeats``: the share, the floor and whether seen items are masked under every policy."""
+    if ranker.repeats is None:
+        return None
+    return {"share": round(ranker.repeats, 6), "floor": REPEAT_FLOOR, "seen_masked": ranker.masks(False)}
 
 
 def prior_events(inputs) -> tuple[np.ndarray, np.ndarray]:
