@@ -42,10 +42,12 @@ class Problems(list):
 def read_report(workdir: Path) -> dict[str, Any]:
     """Everything ``gencli report`` shows of one workdir, as plain data (see :func:`gencli.ui.report.render`)."""
     from gencli.flow.status import workdir_status
+    from gencli.workspace.places import check_workdir
 
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise InputError(f"workdir {workdir} does not exist; check the path or run a step there first")
+    check_workdir(workdir)  # a bundle is refused by name, not reported as a damaged workdir
     problems = Problems()
     try:
         status = workdir_status(workdir, must_exist=True)["steps"]

@@ -36,6 +36,27 @@ def require(targets: tuple[str, ...] | list[str]) -> None:
         extras = ",".join(missing)
         raise InputError(f"--report-to {' and '.join(missing)} needs the optional "
                          f"{'extra' if len(missing) == 1 else 'extras'}: pip install 'gencli[{extras}]'")
+    if "mlflow" in targets:
+        store = local_store(os.environ.get("MLFLOW_TRACKING_URI", ""))
+        if store is not None:
+            from gencli.workspace.places import check_folder
+
+            check_folder(store, "MLFLOW_TRACKING_URI")  # a file store writes mlruns/ folders: in no workdir or bundle
+
+
+def local_store(uri: str) -> Path | None:
+    """The folder of a file-store tracking URI (``file:///x`` or a plain path); None for a server (``http://``...)
+    or none set."""
+    from urllib.parse import unquote, urlparse
+
+    if not uri:
+        return None
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if len(parsed.scheme) <= 1:  # a plain path (a drive letter on Windows)
+        return Path(uri)
+    return None
 
 
 @dataclass
@@ -170,6 +191,11 @@ def to_mlflow(log: StepLog) -> str:
     import warnings
 
     uri = mlflow_uri(log.workdir)
+    store = local_store(uri)
+    if store is not None:
+        from gencli.workspace.places import check_folder
+
+        check_folder(store, "the MLflow store")
     with local_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from mlflow.entities import Metric, Param

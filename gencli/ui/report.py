@@ -183,6 +183,15 @@ def print_written(path: Any, size: int, problems: list[dict[str, str]]) -> None:
     from gencli.ui.output import console
 
     console().print(f"[green]✓[/green] report written to {escape(str(path))} ({size / 1024:,.0f} KB)")
+    print_problems(problems)
+
+
+def print_problems(problems: list[dict[str, str]]) -> None:
+    """A warning on stderr for each file the report could not read."""
+    from rich.markup import escape
+
+    from gencli.ui.output import console
+
     for p in problems:
         console(stderr=True).print(f"[yellow]warning[/yellow]: could not read {escape(p['file'])}: "
                                    f"{escape(p['error'])}", soft_wrap=True)

@@ -65,10 +65,29 @@ def refusal(what: str, path: Path, kind: str, folder: Path, fix: str = "give a p
 
 
 def check_output(path: Path | str, option: str = "--output") -> None:
-    """A file a command writes for the user (``recommend --output``) lands in no workdir and no bundle."""
+    """The one guard of a file a command writes for the user (``recommend --output``, ``report --output``): it lands
+    in no workdir and no bundle, and is a new file or a regular one. A symbolic link is refused (the file is
+    replaced atomically, which would replace the link, not what it points to), and so is a device, pipe or folder:
+    ``-`` writes to stdout where a command writes one file."""
+    path = Path(path)
+    fix = "give the path of a regular file (or '-' for stdout)"
+    if path.is_symlink():
+        raise InputError(f"{option} {path} is a symbolic link: the file would replace the link, not be written "
+                         f"through it; nothing was written, {fix}")
+    if path.exists() and not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise InputError(f"{option} {path} is {what}; nothing was written, {fix}")
+    found = owner(path)
+    if found is not None:
+        raise refusal(f"{option} {path}", path, *found)
+
+
+def check_folder(path: Path | str, what: str) -> None:
+    """A folder gencli creates or fills outside its steps (a tracking store, a bundle) is in no workdir and no
+    bundle: ``what`` names the option or variable that gave it."""
     found = owner(Path(path))
     if found is not None:
-        raise refusal(f"{option} {path}", Path(path), *found)
+        raise refusal(f"{what} {path}", Path(path), *found)
 
 
 def check_workdir(root: Path) -> None:
