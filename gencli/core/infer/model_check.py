@@ -48,6 +48,8 @@ MAX_PARAMS = 8_000_000_000
 """The most parameters a model may imply (Qwen3-8B's size; 32 GB in float32): past it the load is refused before
 any allocation."""
 OPTIONAL = ("head_dim", "max_position_embeddings")  # head_dim absent or null: hidden_size // num_attention_heads
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+"""Files a loader of transformers (or torch) may take for weights."""
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 
 
@@ -181,6 +183,11 @@ def header_tensors(folder: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]]
         files = [WEIGHTS]
     else:
         return {}, [f"no {WEIGHTS} (gencli reads safetensors weights only)"]
+    kept = {*files, INDEX} if (folder / INDEX).is_file() else {WEIGHTS}
+    stray = stray_weights(folder, kept)
+    if stray:
+        return {}, [f"{_names(stray)}: weight file(s) beside those {'the index names' if INDEX in kept else WEIGHTS} "
+                    "(a loader may read them instead of the checked ones); keep one set of weights per model folder"]
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in files:
         try:
@@ -193,6 +200,17 @@ def header_tensors(folder: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]]
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
             problems.append(f"{name} is not a readable safetensors file ({str(exc)[:120]})")
     return found, problems
+
+
+def stray_weights(folder: Path, keep: set[str]) -> list[str]:
+    """Weight files (or indexes) of the folder other than ``keep``: transformers prefers a ``model.safetensors`` to
+    an index of shards, so a stray one would be loaded unchecked."""
+    found = []
+    for entry in sorted(Path(folder).iterdir()):
+        name = entry.name
+        if name not in keep and (name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")):
+            found.append(name)
+    return found
 
 
 def tensor_problems(config, found: dict[str, tuple[str, tuple[int, ...]]]) -> list[str]:

@@ -186,3 +186,30 @@ def test_sharded_weights_are_read_header_by_header(tmp_path):
     save_file({}, str(tmp_path / shards[0]))
     [problem] = model_problems(tmp_path)
     assert problem.startswith("the weights lack ") and "they would be random" in problem
+
+
+def test_a_stray_weight_file_beside_checked_shards_is_refused(b):
+    """Valid shards and their index pass the header check; a re-signed model.safetensors beside them lacking a layer
+    would be what transformers loads (a partly random model): refused, naming it."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(b / "model" / "model.safetensors"))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(b / "model" / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (b / "model" / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, str(b / "model" / "model.safetensors"),
+              metadata={"format": "pt"})
+    resign(b, "model/model.safetensors", "model/model.safetensors.index.json", *(f"model/{s}" for s in shards))
+    refused_by_recommend(b, "model.safetensors", "beside those the index names")
+    with pytest.raises(ArtifactError, match="one set of weights"):
+        Recommender.load(b)
+    (b / "model" / "model.safetensors").unlink()
+    meta = json.loads((b / bundle.BUNDLE_JSON).read_text())
+    del meta["files"]["model/model.safetensors"], meta["sha256"]["model/model.safetensors"]
+    meta[CHECKSUM] = manifest_digest(meta)
+    (b / bundle.BUNDLE_JSON).write_text(json.dumps(meta))
+    assert len(Recommender.load(b).recommend(["i001"], k=3)) == 3  # the shards alone: checked and loaded
