@@ -91,9 +91,42 @@ def check_folder(path: Path | str, what: str) -> None:
 
 
 def check_workdir(root: Path) -> None:
-    """A ``--workdir`` is never a bundle, nor a folder inside one: a step would write its lock, its folders and a
-    manifest.json into the bundle."""
+    """A ``--workdir`` is a workdir or a new folder outside every workdir and bundle, and holds none: a step would
+    write its lock, its folders and a manifest.json into a bundle, and a step of an outer workdir (``quantize
+    --force``) deletes a workdir nested in its folder with everything in it."""
     found = owner(root)
     if found is not None and found[0] == BUNDLE:
         raise refusal(f"--workdir {root}", root, *found,
                       fix="read a bundle with --bundle, and give --workdir a folder outside it")
+    resolved = Path(root).expanduser().resolve()
+    if found is not None and found[1] != resolved:
+        raise refusal(f"--workdir {root}", root, *found, fix=f"give --workdir {found[1]} itself, or a folder outside it")
+    if found is None:
+        inner = held(resolved)
+        if inner is not None:
+            kind, folder = inner
+            raise InputError(f"--workdir {root} holds the {kind} {folder}: a workdir's steps replace their folders "
+                             f"whole, and would delete it; nothing was written, give --workdir a folder that holds no "
+                             f"{kind} (or {folder} itself)")
+
+
+HELD_DEPTH = 2
+"""How deep below a new ``--workdir`` a workdir or bundle is looked for (``W/quantize/inner``: a step's folder)."""
+
+
+def held(folder: Path) -> tuple[str, Path] | None:
+    """(kind, folder) of a workdir or bundle at most :data:`HELD_DEPTH` folders below ``folder`` (not itself)."""
+    if not folder.is_dir():
+        return None
+    for depth in range(1, HELD_DEPTH + 1):
+        pattern = "/".join(["*"] * depth)
+        for marker in (BUNDLE_JSON, MANIFEST_NAME):
+            for file in sorted(folder.glob(f"{pattern}/{marker}")):
+                inner = file.parent
+                if inner.is_symlink():
+                    continue
+                if marker == BUNDLE_JSON and is_bundle(inner):
+                    return BUNDLE, inner
+                if marker == MANIFEST_NAME and is_workdir(inner):
+                    return WORKDIR, inner
+    return None

@@ -148,3 +148,20 @@ def test_an_mlflow_store_inside_a_bundle_is_refused_before_any_work(copies, monk
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         _refused(["eval", "--workdir", str(work), "--force", "--report-to", "mlflow"], "MLFLOW_TRACKING_URI")
     assert _tree(bundle) == before and not (work / "mlruns").exists()
+
+
+def test_nested_workdirs_are_refused_in_both_directions(copies, small_sample, tmp_path):
+    """A workdir inside another's step folder would be deleted with it by `quantize --force`: a --workdir inside a
+    workdir is refused, and so is a new --workdir that holds one."""
+    work, _ = copies
+    before = _tree(work)
+    inner = work / "quantize" / "inner"
+    _refused([*small_sample.ingest_args(), "--workdir", str(inner)], "--workdir", "inside the workdir",
+             str(work.resolve()))
+    _refused(["status", "--workdir", str(work / "sft")], "inside the workdir")
+    assert _tree(work) == before and not inner.exists()
+    outer = tmp_path / "outer"
+    shutil.copytree(work, outer / "quantize" / "inner", symlinks=True)
+    _refused([*small_sample.ingest_args(), "--workdir", str(outer)], "holds the workdir",
+             str((outer / "quantize" / "inner").resolve()))
+    assert not (outer / "manifest.json").exists() and not (outer / "ingest").exists()
