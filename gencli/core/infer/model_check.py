@@ -266,6 +266,17 @@ def model_problems(folder: Path, sid_ids: list[int] = (), max_params: int = MAX_
     return problems or tensor_problems(config, found)
 
 
+def check_step_model(model_dir: Path, vocab_path: Path) -> None:
+    """ArtifactError (naming the folder, which the workspace turns into the command that rewrites it) when a model
+    step's folder fails :func:`model_problems`: every step that loads a workdir's model checks it as a bundle's."""
+    from gencli.core.lm.prompt import load_sid_vocab
+    from gencli.errors import ArtifactError
+
+    problems = model_problems(model_dir, sid_vocab_ids(load_sid_vocab(vocab_path)))
+    if problems:
+        raise ArtifactError(f"model folder {model_dir}: {'; '.join(problems[:3])}", damaged=Path(model_dir))
+
+
 def sid_vocab_ids(vocab) -> list[int]:
     """Every id a :class:`~gencli.core.lm.prompt.SidVocab` gives the model: its SID tokens and specials."""
     return [*vocab.all_ids, *(i for i in (vocab.bos_id, vocab.eos_id, vocab.pad_id) if i is not None)]

@@ -161,6 +161,21 @@ def test_a_workdirs_model_goes_through_the_same_check(trained_small, tmp_path):
     assert "config.json implies" in error and "they would be random" in error, error
 
 
+def test_every_step_that_loads_a_workdirs_model_checks_it(trained_small, tmp_path):
+    """eval (and export, sft, rl, profile, probe: every step handed a model step's folder) refuses a model whose
+    config.json implies layers its weights lack, naming the folder and the command that rewrites it."""
+    from helpers.workdirs import EVAL, refused
+
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    config = wd / "sft" / "model" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": 6}))
+    for args in (EVAL, ["export", str(tmp_path / "bundle")]):
+        error = refused(wd, *args, names=[wd / "sft" / "model", "they would be random", "gencli sft --force"])
+        assert error.count("config.json implies") == 1
+    assert not (tmp_path / "bundle").exists() and not (wd / "eval").exists()
+
+
 @pytest.mark.parametrize("kind, extra", [("qwen3", {}), ("qwen3", {"tie_word_embeddings": True}), ("qwen2", {}),
                                          ("llama", {"attention_bias": True, "mlp_bias": True})])
 def test_the_expected_tensors_are_the_lean_decoders_parameters(kind, extra):
