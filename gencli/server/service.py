@@ -250,7 +250,7 @@ class Service:
         self.abandoned_load = False
         """True once :meth:`serve` returned with a reload still loading: leave the process with ``os._exit``."""
         limits = Limits(cfg.max_k, cfg.max_history_ids, cfg.max_histories, cfg.max_body_bytes, cfg.read_timeout)
-        access = Access(cfg.api_key, cfg.metrics_public)
+        self.access = access = Access(cfg.api_key, cfg.metrics_public)
         app = build_app(self.holder, self.batcher, self.metrics, limits, self.state, access)
         _enough_files(cfg.max_connections)
         self.socket = _bind(cfg.host, cfg.port)

@@ -199,3 +199,11 @@ class Access:
         # a header value arrives as latin-1: its bytes as sent; compared even for a wrong scheme (same time)
         ok = hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
         return ok and scheme.lower() == BEARER
+
+    def describe(self) -> str:
+        """Who may call what, as the startup line states it."""
+        if not self.key:
+            return "no API key: /v1/* and /metrics answer anyone who can connect"
+        if self.metrics_public:
+            return "/v1/* needs the bearer token; /metrics is public"
+        return "/v1/* and /metrics need the bearer token"
