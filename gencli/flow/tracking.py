@@ -161,9 +161,37 @@ def experiment_name(workdir: Path) -> str:
     return f"gencli {chain_root(workdir)}"
 
 
-LOCAL_ONLY = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+LOCAL_ONLY = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 """While gencli logs to MLflow: MLflow 3 opens its file store only when allowed, and it would send usage telemetry
-(decided when ``mlflow`` is imported) unless told not to. A value the user set wins."""
+(decided when ``mlflow`` is imported) unless told not to; a request to a tracking server is cut after 10 s and
+retried once (MLflow's defaults, 120 s and 7 retries with backoff, held a step for minutes). A value the user set
+wins."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long a tracking server gets to accept a connection before the step's logging is given up (a warning)."""
+UNREACHABLE: dict[str, str] = {}
+"""Tracking servers found unreachable by this process, and why: ``gencli run`` does not wait for them again at each
+step."""
+
+
+def reachable(uri: str) -> None:
+    """ConnectionError at once when ``uri`` is an http(s) tracking server that does not accept a connection within
+    :data:`CONNECT_TIMEOUT_S` (or did not before, in this process); a file store passes."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return
+    if uri not in UNREACHABLE:
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+            socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
+            return
+        except (OSError, ValueError) as error:
+            UNREACHABLE[uri] = f"{type(error).__name__}: {error}"
+    raise ConnectionError(f"the MLflow server {uri} is unreachable ({UNREACHABLE[uri]}); nothing was logged there")
 
 
 @contextlib.contextmanager
@@ -191,6 +219,7 @@ def to_mlflow(log: StepLog) -> str:
     import warnings
 
     uri = mlflow_uri(log.workdir)
+    reachable(uri)
     store = local_store(uri)
     if store is not None:
         from gencli.workspace.places import check_folder
