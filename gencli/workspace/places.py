@@ -94,6 +94,8 @@ def check_workdir(root: Path) -> None:
     """A ``--workdir`` is a workdir or a new folder outside every workdir and bundle, and holds none: a step would
     write its lock, its folders and a manifest.json into a bundle, and a step of an outer workdir (``quantize
     --force``) deletes a workdir nested in its folder with everything in it."""
+    if Path(root).exists() and not Path(root).is_dir():
+        raise InputError(f"--workdir {root} is a file, not a folder; give a folder (new or a workdir)")
     found = owner(root)
     if found is not None and found[0] == BUNDLE:
         raise refusal(f"--workdir {root}", root, *found,

@@ -165,3 +165,20 @@ def test_nested_workdirs_are_refused_in_both_directions(copies, small_sample, tm
     _refused([*small_sample.ingest_args(), "--workdir", str(outer)], "holds the workdir",
              str((outer / "quantize" / "inner").resolve()))
     assert not (outer / "manifest.json").exists() and not (outer / "ingest").exists()
+
+
+def test_an_output_the_os_refuses_is_one_clear_message_not_a_traceback(copies, small_sample):
+    """A place that cannot be written for a reason other than a full disk (a parent that is missing under /proc, a
+    folder that refuses new files, a --workdir that is a device) is exit 2 naming the path, in every writer."""
+    work, bundle = copies
+    user = _user(work)
+    for args, path in ((["report", "--workdir", str(work), "--output", "/proc/nonexistent/report.html"], "/proc/"),
+                       (["report", "--workdir", str(work), "--output", "/proc/self/report.html"], "/proc/self"),
+                       (["recommend", "--workdir", str(work), "--user", user, "--output", "/proc/self/recs.csv"],
+                        "/proc/self/recs.csv"),
+                       (["recommend", "--bundle", str(bundle), "--output", "/proc/self/recs.jsonl"], "/proc/self"),
+                       (["export", "/proc/nonexistent/bundle", "--workdir", str(work)], "/proc/nonexistent"),
+                       (["export", "/proc/self/bundle", "--workdir", str(work)], "/proc/self/bundle"),
+                       ([*small_sample.ingest_args(), "--workdir", "/dev/null"], "/dev/null")):
+        error = _refused(args, "cannot write" if "/dev/null" not in args else "is a file", path)
+        assert "unexpected" not in error
