@@ -102,6 +102,14 @@ def config_problems(raw: dict[str, Any], ids: list[int] = ()) -> list[str]:
     theta = raw.get("rope_theta")
     if theta is not None and (not _number(theta) or theta <= 0):
         problems.append(f"{CONFIG} field rope_theta must be a positive number (got {_shown(theta)})")
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 reads rope_theta from rope_parameters
+        nested = raw.get(key)
+        if nested is not None and not isinstance(nested, dict):
+            problems.append(f"{CONFIG} field {key} must be an object (got {_shown(nested)})")
+        elif nested is not None and "rope_theta" in nested and (not _number(nested["rope_theta"]) or
+                                                                 nested["rope_theta"] <= 0):
+            problems.append(f"{CONFIG} field {key}.rope_theta must be a positive number (got "
+                            f"{_shown(nested['rope_theta'])})")
     if problems:
         return problems
     if raw["num_attention_heads"] % raw["num_key_value_heads"]:

@@ -88,6 +88,10 @@ def test_the_exported_bundle_passes_and_answers(b):
     ({"num_hidden_layers": "2"}, "num_hidden_layers must be an integer"),
     ({"tie_word_embeddings": None}, "tie_word_embeddings must be true or false"),
     ({"rms_norm_eps": 1e308}, "rms_norm_eps must be a number in (0, 1)"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_parameters.rope_theta must be a positive"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}}, "rope_parameters.rope_theta must be"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1e4}}, "rope_parameters.rope_theta must be"),
+    ({"rope_parameters": "fast"}, "rope_parameters must be an object"),
 ])
 def test_a_config_that_is_not_the_weights_is_refused_before_loading(b, fields, says):
     edit_config(b, **fields)
