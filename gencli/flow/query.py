@@ -100,6 +100,9 @@ def read_queries(stream, have_workdir_users: bool) -> list[tuple[Any, list[str] 
 
 
 def _user_ids_from_file(path: Path) -> list[str]:
+    from gencli.fileio import check_readable
+
+    check_readable(path, "--user-file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
