@@ -159,10 +159,20 @@ def folder_problems(root: Path, files: dict[str, Any]) -> list[str]:
 def shown(value: Any, limit: int = 60) -> str:
     """A value of a file as a message may show it: a short plain string as it is, anything else as ASCII JSON cut to
     ``limit`` characters (no newline or escape sequence of a hostile file reaches a terminal or a log)."""
-    if isinstance(value, str) and value.isascii() and _text(value, limit=limit):
+    if isinstance(value, str) and value.isascii() and _text(value, limit=limit) and not _literal(value):
         return value
     text = json.dumps(value, ensure_ascii=True, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _literal(text: str) -> bool:
+    """Whether a string reads as another JSON value (``false``, ``null``, ``12``): shown quoted, so that a string
+    "false" is not taken for the boolean."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def users_problems(frame: Any, n_items: int) -> list[str]:

@@ -117,6 +117,7 @@ def test_a_model_id_that_is_not_its_files_id_is_refused(b):
     ("items", N_ITEMS + 1, f"says {N_ITEMS + 1} items, items.parquet holds {N_ITEMS}"),
     ("decode", {"max_history": 3, "k": "ten"}, 'field decode.k must be an integer in [1, 4096] (got ten)'),
     ("decode", {"max_history": 3, "exclude_seen": "yes"}, "field decode.exclude_seen must be true or false"),
+    ("decode", {"max_history": 3, "exclude_seen": "false"}, 'decode.exclude_seen must be true or false (got "false")'),
     ("source", {"model_step": "sft", "workdir": "/x\x00y"}, "field source.workdir must be a path"),
     ("source", {"model_step": "../../etc"}, "field source.model_step must be a step name"),
     ("sha256", {"items.parquet": "00"}, "field sha256 must map file names to hex sha256 digests"),
