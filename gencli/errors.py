@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a step crashed
@@ -104,3 +105,39 @@ def storage_message(error: BaseException, where: Path | str | None = None) -> st
                 "from its last checkpoint")
     return (f"cannot write {path}: the file system is read-only ({full.strerror}); write to a writable folder "
             "(--workdir, the output path), or remount it read-write")
+
+
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
+"""Why a path cannot be written though the disk has room: permission denied, an immutable folder, a parent that
+does not exist or is a file."""
+
+
+def unwritable_message(error: BaseException, where: Path | str | None) -> str | None:
+    """One clear message when ``error`` is the OS refusing to write ``where`` (what a command writes: an output
+    file, a bundle folder, the workdir) or a path beside or inside it; None for any other error (a file read)."""
+    import re
+
+    if where is None:
+        return None
+    target = Path(os.path.abspath(where))
+
+    def near(name: Any) -> Path | None:
+        path = Path(os.path.abspath(os.fsdecode(name)))
+        related = path == target or path in target.parents or target in path.parents or path.parent == target.parent
+        return path if related else None
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = None
+        if isinstance(error, OSError) and error.errno in UNWRITABLE and error.filename is not None:
+            found = error.errno, near(error.filename)
+        else:  # polars reports the OS error in its own text: "No such file or directory (os error 2): PATH"
+            said = re.search(r"\(os error (\d+)\): (\S.*?)\s*$", str(error))
+            if said and int(said.group(1)) in UNWRITABLE:
+                found = int(said.group(1)), near(said.group(2))
+        if found is not None and found[1] is not None:
+            return (f"cannot write {where}: {os.strerror(found[0])} ({found[1]}); give a path in an existing folder "
+                    "this account may write")
+        error = error.__cause__ or error.__context__
+    return None

@@ -77,6 +77,22 @@ def follow_umask(path: Path) -> None:
                 pass
 
 
+def check_readable(path: Path, option: str, folders: bool = False) -> None:
+    """InputError when ``path`` (links followed) is a device, pipe or socket, not a regular file (or, with
+    ``folders``, a folder): ``/dev/zero`` or ``/dev/urandom`` would be read, and hashed, forever."""
+    from gencli.errors import InputError
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a missing path: the caller says so in its own words
+    if stat.S_ISREG(mode) or (folders and stat.S_ISDIR(mode)):
+        return
+    target = f" (a link to {os.path.realpath(path)})" if Path(path).is_symlink() else ""
+    kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a device, pipe or socket)"
+    raise InputError(f"{option} {path}{target} is {kind}; give a {'file or folder' if folders else 'file'}")
+
+
 def parse_json(text: str) -> Any:
     """``json.loads`` for a file's text: nesting too deep for Python's parser (``[[[[...`` thousands deep: a damaged
     or hostile file, never one gencli wrote) is a :class:`json.JSONDecodeError` like any other malformed JSON, not a

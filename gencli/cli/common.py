@@ -15,7 +15,15 @@ from typing import Any
 
 import click
 
-from gencli.errors import EXIT_FAILED, EXIT_INTERRUPTED, GencliError, InputError, storage_message
+from gencli.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    GencliError,
+    InputError,
+    storage_message,
+    unwritable_message,
+)
 
 JSON_OPTION = click.option("--json", "json_mode", is_flag=True, help="Print one JSON object on stdout; no progress bars.")
 VERBOSE = "gencli.verbose"  # click's ctx.meta key --verbose sets (read by verbose())
@@ -82,6 +90,9 @@ def message(error: BaseException, json_mode: bool, where: Path | str | None = No
     storage = storage_message(error, where)
     if storage is not None:
         return EXIT_FAILED, storage
+    unwritable = unwritable_message(error, where)
+    if unwritable is not None:
+        return EXIT_BAD_INPUT, unwritable
     if os.environ.get("GENCLI_DEBUG") or not json_mode:
         traceback.print_exception(error, file=sys.stderr)
     return EXIT_FAILED, f"unexpected {type(error).__name__}: {error}"

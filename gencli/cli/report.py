@@ -14,8 +14,8 @@ MAX_BYTES = 5 * 1024 * 1024  # what a mail attachment carries; the page is far b
 @click.command("report")
 @click.argument("dirs", nargs=-1, metavar="[DIR]...", type=click.Path(path_type=Path))
 @workdir_option
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
-              show_default=True, help="The HTML file to write (replaced when it exists).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("report.html"),
+              show_default=True, help="The HTML file to write (replaced when it exists), or '-' for stdout.")
 @click.option("--nights", is_flag=True,
               help="Compare the nights the DIRs name instead: each a night's workdir (followed back along its "
                    "--previous chain) or a --promote link (every night its promotions.jsonl judged).")
@@ -43,7 +43,14 @@ def report(dirs, workdir, output, nights, threshold, json_mode):
 
     require(nights == bool(dirs), "DIR arguments go with --nights (gencli report --nights DIR...), and --nights "
                                   "needs at least one DIR: a night's workdir or the --promote link", json_mode)
+    stdout = str(output) == "-"
+    require(not (stdout and json_mode), "--output - writes the page to stdout, where --json writes its result: "
+                                        "give --output a file, or leave out --json", json_mode)
     try:
+        if not stdout:
+            from gencli.workspace.places import check_output
+
+            check_output(output)  # before anything is read: the page lands in no workdir and no bundle
         if nights:
             from gencli.flow.nights import read_nights
 
@@ -54,9 +61,15 @@ def report(dirs, workdir, output, nights, threshold, json_mode):
 
             data = read_report(resolve_workdir(workdir))
             text = page.render(data)
-        write_text_atomic(output, text)
+        if stdout:
+            click.echo(text, nl=False)
+        else:
+            write_text_atomic(output, text)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message + exit code
-        fail(error, json_mode, output)
+        fail(error, json_mode, None if stdout else output)
+    if stdout:
+        page.print_problems(data["problems"])
+        return
     size = output.stat().st_size
     shown = {"status": "done", "output": str(output), "bytes": size,
              "problems": data["problems"], **({"nights": len(data["nights"])} if nights else {})}

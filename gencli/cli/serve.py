@@ -39,7 +39,17 @@ def serve(bundle, **options):
       gencli serve --bundle ./shop-model --port 0 --watch 0
     """
     from gencli.config import ServeConfig
+    from gencli.config.serving import API_KEY_ENV
 
+    source = click.get_current_context().get_parameter_source("api_key")
+    given = (options.get("api_key") or "").strip()
+    empty_env = API_KEY_ENV in os.environ and not os.environ[API_KEY_ENV].strip() and not given
+    if empty_env or (source == click.core.ParameterSource.COMMANDLINE and not given):
+        from gencli.errors import InputError
+
+        where = f"{API_KEY_ENV} is set but empty" if empty_env else "--api-key is empty"
+        fail(InputError(f"{where}: the server would answer everyone without a token; set the key, or unset "
+                        f"{API_KEY_ENV} (and leave out --api-key) to serve without one"), False)
     cfg = config(ServeConfig, False, options)
     missing = [name for name in ("uvicorn", "starlette") if not _importable(name)]
     if missing:
@@ -61,7 +71,7 @@ def serve(bundle, **options):
     except Exception as error:  # noqa: BLE001 - a bad bundle or a busy port: one message, exit 2
         fail(error, False)
     click.echo(f"gencli serve: listening on {service.url} (bundle {service.holder.current.path}, model "
-               f"{service.holder.current.model_id})", err=True)
+               f"{service.holder.current.model_id}); {service.access.describe()}", err=True)
     code = service.serve()
     if service.abandoned_load:  # a daemon thread is inside torch: interpreter shutdown would abort (SIGABRT)
         logging.shutdown()

@@ -95,6 +95,9 @@ class ServeConfig:
         c.require(self.max_k <= MAX_BEAMS, f"--max-k must be <= {MAX_BEAMS} (got {self.max_k})")
         c.require(self.api_key == self.api_key.strip() and self.api_key.isprintable() and len(self.api_key) <= 4096,
                   "--api-key must be printable text without spaces at either end (at most 4096 characters)")
+        c.require(bool(self.api_key) or not self.metrics_public,
+                  f"--metrics-public goes with an API key (without one every route is open already): set {API_KEY_ENV} "
+                  "or --api-key, or leave out --metrics-public")
         c.require(self.max_histories <= self.queue, f"--max-histories ({self.max_histories}) must be <= --queue "
                                                     f"({self.queue}): a larger batch could never be admitted")
         c.done()

@@ -121,6 +121,9 @@ def model_files(folder: Path, step: str) -> tuple[Path, Path]:
     for p in (model_dir / "config.json", vocab):
         if not p.exists():
             raise ArtifactError(f"{p} is missing, so '{step}' is incomplete; rerun `gencli {step} --force`")
+    from gencli.core.infer.model_check import check_step_model
+
+    check_step_model(model_dir, vocab)  # as a bundle's model: its config and weights agree before any step loads it
     return model_dir, vocab
 
 

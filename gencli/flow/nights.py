@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gencli.errors import InputError
-from gencli.flow.report import Problems
+from gencli.flow.report import Problems, number, shown
 
 NIGHT_METRICS = ("promotion.recall@10", "eval.served.recall@10", "eval.served.ndcg@10", "cold-eval.served.recall@10",
                  "sft.peak_ndcg@10", "rl.peak_ndcg@10")
@@ -86,15 +86,20 @@ def night(workdir: Path, decision: dict[str, Any] | None, problems: Problems) ->
         finished.append(str(entry.get("finished") or ""))
         for key, value in (entry.get("metrics") or {}).items():
             name = f"{step}.{key}"
-            if name in NIGHT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if name in NIGHT_METRICS and number(value):
                 values[name] = value
     out = {"name": workdir.name, "workdir": str(workdir), "missing": manifest is None, "finished": max(finished,
            default=None), "metrics": values, "decision": None, "reason": None, "flags": {}}
     if decision is not None:
         out.update(decision="promoted" if decision.get("promoted") else "refused", reason=decision.get("reason"))
-        out["finished"] = out["finished"] or decision.get("at")
+        at = decision.get("at")
+        if at is not None and not isinstance(at, str):
+            problems.append({"file": "promotions.jsonl", "error": f"the decision on {workdir} has an 'at' that is "
+                                                                  f"not a time ({shown(at)}); left out"})
+            at = None
+        out["finished"] = out["finished"] or at
         scores = decision.get("new")
-        if isinstance(scores, dict) and isinstance(scores.get("recall@10"), (int, float)):
+        if isinstance(scores, dict) and number(scores.get("recall@10")):
             values["promotion.recall@10"] = scores["recall@10"]
     return out
 

@@ -100,6 +100,9 @@ def read_queries(stream, have_workdir_users: bool) -> list[tuple[Any, list[str] 
 
 
 def _user_ids_from_file(path: Path) -> list[str]:
+    from gencli.fileio import check_readable
+
+    check_readable(path, "--user-file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -283,6 +286,21 @@ def _jsonl(answers: list[dict], frame: pl.DataFrame, shape: str, provenance: dic
     return [json.dumps({**a, **provenance}) + "\n" for a in answers]
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula in a CSV cell (OWASP's list)."""
+
+
+def csv_safe(frame: pl.DataFrame) -> pl.DataFrame:
+    """Text cells that a spreadsheet would run as a formula (``=HYPERLINK(...)`` as a title or a user id) prefixed
+    with ``'``, which spreadsheets show as text; numbers and other text are unchanged."""
+    import polars as pl
+
+    risky = "^[" + "".join("\\" + c if c in "-" else c for c in FORMULA_START) + "]"
+    return frame.with_columns(
+        pl.when(pl.col(name).str.contains(risky)).then("'" + pl.col(name)).otherwise(pl.col(name)).alias(name)
+        for name, dtype in frame.schema.items() if dtype == pl.String)
+
+
 def _write(path: Path, lines: list[str], frame: pl.DataFrame) -> None:
     """The file by extension, written to a temporary sibling and renamed (no half-written file on failure)."""
     if path.is_dir():
@@ -295,7 +313,7 @@ def _write(path: Path, lines: list[str], frame: pl.DataFrame) -> None:
         if suffix == ".parquet":
             frame.write_parquet(tmp)
         elif suffix == ".csv":
-            frame.write_csv(tmp)
+            csv_safe(frame).write_csv(tmp)
         else:
             tmp.write_text("".join(lines), encoding="utf-8")
         tmp.replace(path)

@@ -42,10 +42,12 @@ class Problems(list):
 def read_report(workdir: Path) -> dict[str, Any]:
     """Everything ``gencli report`` shows of one workdir, as plain data (see :func:`gencli.ui.report.render`)."""
     from gencli.flow.status import workdir_status
+    from gencli.workspace.places import check_workdir
 
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise InputError(f"workdir {workdir} does not exist; check the path or run a step there first")
+    check_workdir(workdir)  # a bundle is refused by name, not reported as a damaged workdir
     problems = Problems()
     try:
         status = workdir_status(workdir, must_exist=True)["steps"]
@@ -89,14 +91,58 @@ def step_metrics(folder: Path, problems: Problems) -> dict[str, Any] | None:
     return record["metrics"]
 
 
+def number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a chart can draw."""
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+MAX_NOTED = 5
+"""Damaged fields named per file (the rest are counted)."""
+
+
+def note(problems: Problems, path: Path, bad: list[str]) -> None:
+    """Name the first :data:`MAX_NOTED` damaged fields of ``path`` (left out of the page) as one problem."""
+    if bad:
+        more = f" and {len(bad) - MAX_NOTED} more" if len(bad) > MAX_NOTED else ""
+        problems.append({"file": str(path), "error": "; ".join(bad[:MAX_NOTED]) + more + " (left out)"})
+
+
+def shown(value: Any) -> str:
+    from gencli.core.infer.bundle_check import shown as short
+
+    return short(value, 40)
+
+
 def curves(folder: Path, problems: Problems) -> dict[str, list[dict[str, Any]]]:
     """``metrics.jsonl`` by kind: ``train`` (step and :data:`TRAIN_KEYS`), ``valid`` (step and every number) and
-    ``average`` (the checkpoint average tried after training)."""
-    lines = problems.read(folder / "metrics.jsonl", "jsonl") or []
+    ``average`` (the checkpoint average tried after training). A metric that is not a finite number is left out and
+    named in ``problems``."""
+    path = folder / "metrics.jsonl"
+    lines = problems.read(path, "jsonl") or []
     out: dict[str, list[dict[str, Any]]] = {"train": [], "valid": [], "average": []}
-    for line in lines:
-        if isinstance(line, dict) and line.get("kind") in out and isinstance(line.get("step"), int):
-            out[line["kind"]].append({k: v for k, v in line.items() if k != "kind"})
+    bad: list[str] = []
+    for n, line in enumerate(lines, 1):
+        if not (isinstance(line, dict) and line.get("kind") in out and integer(line.get("step"))):
+            continue
+        row = {}
+        for key, value in line.items():
+            if key == "kind":
+                continue
+            if key in TRAIN_KEYS or "@" in key:
+                if number(value):
+                    row[key] = value
+                elif value is not None:
+                    bad.append(f"line {n}: {shown(key)} is not a number ({shown(value)})")
+            else:
+                row[key] = value
+        out[line["kind"]].append(row)
+    note(problems, path, bad)
     return out
 
 
@@ -109,7 +155,12 @@ def training(workdir: Path, step: str, problems: Problems) -> dict[str, Any] | N
     lines = curves(folder, problems)
     average = metrics.get("average") if isinstance(metrics.get("average"), dict) else None
     peak = metrics.get("peak_step")
-    if average and average.get("members", 0) > 1:
+    bad = [f"{name} is not an integer ({shown(value)})" for name, value in
+           (("peak_step", peak), ("average.members", (average or {}).get("members"))) if
+           value is not None and not integer(value)]
+    note(problems, folder / "step.json", bad)
+    peak = peak if integer(peak) else None
+    if average and integer(average.get("members")) and average["members"] > 1:
         kept = f"the average of {average['members']} checkpoints (from step {peak})"
     elif peak:
         kept = f"the checkpoint of step {peak} (best validation)"
@@ -133,21 +184,47 @@ def ranking(workdir: Path, step: str, problems: Problems) -> dict[str, Any] | No
     data = problems.read(workdir / step / METRICS_JSON)
     if not isinstance(data, dict):
         return None
-    policies = [policy_view(data)]
+    bad: list[str] = []
+    policies = [policy_view(data, bad)]
     other = data.get("other_policy")
     if isinstance(other, dict):
-        policies.append(policy_view(other))
+        policies.append(policy_view(other, bad, "other_policy."))
+    ks = data.get("k")
+    if ks is not None and not (isinstance(ks, list) and ks and all(integer(k) and k > 0 for k in ks)):
+        bad.append(f"k is not a list of positive integers ({shown(ks)})")
+        ks = None
+    note(problems, workdir / step / METRICS_JSON, bad)
     return {"step": step, "split": data.get("split"), "users": data.get("users"), "beams": data.get("beams"),
-            "cohort_size": data.get("cohort_size"), "k": data.get("k"), "policies": policies}
+            "cohort_size": data.get("cohort_size"), "k": ks, "policies": policies}
 
 
-def policy_view(block: dict[str, Any]) -> dict[str, Any]:
-    """One seen-item policy of an eval ``metrics.json``: its blocks (``overall``, ``head``, ...), ``by_history``."""
+def policy_view(block: dict[str, Any], bad: list[str], prefix: str = "") -> dict[str, Any]:
+    """One seen-item policy of an eval ``metrics.json``: its blocks (``overall``, ``head``, ...), ``by_history``;
+    a value that is not a finite number is left out and named in ``bad``."""
     metrics = block["metrics"] if isinstance(block.get("metrics"), dict) else block  # other_policy: at its top
+    where = f"{prefix}metrics." if isinstance(block.get("metrics"), dict) else prefix
+    blocks = {k: numbers(metrics[k], f"{where}{k}", bad) for k in BLOCKS if isinstance(metrics.get(k), dict)}
     history = block.get("by_history")
-    return {"exclude_seen": block.get("exclude_seen"), "ranking": block.get("ranking"),
-            "blocks": {k: metrics[k] for k in BLOCKS if isinstance(metrics.get(k), dict)},
-            "by_history": history if isinstance(history, dict) else {}}
+    by_history = {}
+    for method, buckets in (history.items() if isinstance(history, dict) else ()):
+        if isinstance(buckets, dict):
+            by_history[str(method)] = {str(b): numbers(v, f"{prefix}by_history.{method}.{b}", bad)
+                                       for b, v in buckets.items() if isinstance(v, dict)}
+        else:
+            bad.append(f"{prefix}by_history.{shown(method)} is not an object")
+    return {"exclude_seen": block.get("exclude_seen"), "ranking": block.get("ranking"), "blocks": blocks,
+            "by_history": by_history}
+
+
+def numbers(block: dict[str, Any], where: str, bad: list[str]) -> dict[str, Any]:
+    """The finite numbers of one metrics block; each other value is named in ``bad``."""
+    kept = {}
+    for key, value in block.items():
+        if number(value):
+            kept[str(key)] = value
+        elif value is not None:
+            bad.append(f"{shown(where)}.{shown(key)} is not a number ({shown(value)})")
+    return kept
 
 
 BLOCKS = ("overall", "head", "torso", "tail", "model_only", "content_baseline", "popularity_baseline")

@@ -36,6 +36,27 @@ def require(targets: tuple[str, ...] | list[str]) -> None:
         extras = ",".join(missing)
         raise InputError(f"--report-to {' and '.join(missing)} needs the optional "
                          f"{'extra' if len(missing) == 1 else 'extras'}: pip install 'gencli[{extras}]'")
+    if "mlflow" in targets:
+        store = local_store(os.environ.get("MLFLOW_TRACKING_URI", ""))
+        if store is not None:
+            from gencli.workspace.places import check_folder
+
+            check_folder(store, "MLFLOW_TRACKING_URI")  # a file store writes mlruns/ folders: in no workdir or bundle
+
+
+def local_store(uri: str) -> Path | None:
+    """The folder of a file-store tracking URI (``file:///x`` or a plain path); None for a server (``http://``...)
+    or none set."""
+    from urllib.parse import unquote, urlparse
+
+    if not uri:
+        return None
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if len(parsed.scheme) <= 1:  # a plain path (a drive letter on Windows)
+        return Path(uri)
+    return None
 
 
 @dataclass
@@ -140,9 +161,37 @@ def experiment_name(workdir: Path) -> str:
     return f"gencli {chain_root(workdir)}"
 
 
-LOCAL_ONLY = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+LOCAL_ONLY = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 """While gencli logs to MLflow: MLflow 3 opens its file store only when allowed, and it would send usage telemetry
-(decided when ``mlflow`` is imported) unless told not to. A value the user set wins."""
+(decided when ``mlflow`` is imported) unless told not to; a request to a tracking server is cut after 10 s and
+retried once (MLflow's defaults, 120 s and 7 retries with backoff, held a step for minutes). A value the user set
+wins."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long a tracking server gets to accept a connection before the step's logging is given up (a warning)."""
+UNREACHABLE: dict[str, str] = {}
+"""Tracking servers found unreachable by this process, and why: ``gencli run`` does not wait for them again at each
+step."""
+
+
+def reachable(uri: str) -> None:
+    """ConnectionError at once when ``uri`` is an http(s) tracking server that does not accept a connection within
+    :data:`CONNECT_TIMEOUT_S` (or did not before, in this process); a file store passes."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return
+    if uri not in UNREACHABLE:
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+            socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
+            return
+        except (OSError, ValueError) as error:
+            UNREACHABLE[uri] = f"{type(error).__name__}: {error}"
+    raise ConnectionError(f"the MLflow server {uri} is unreachable ({UNREACHABLE[uri]}); nothing was logged there")
 
 
 @contextlib.contextmanager
@@ -170,6 +219,12 @@ def to_mlflow(log: StepLog) -> str:
     import warnings
 
     uri = mlflow_uri(log.workdir)
+    reachable(uri)
+    store = local_store(uri)
+    if store is not None:
+        from gencli.workspace.places import check_folder
+
+        check_folder(store, "the MLflow store")
     with local_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from mlflow.entities import Metric, Param

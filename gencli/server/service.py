@@ -119,6 +119,13 @@ def tune_allocator() -> None:
     libc.mallopt(m_top_pad, 64 << 20)
 
 
+MAX_HEAD_BYTES = 16_000
+"""The most bytes of a request line and its headers (h11, uvicorn's parser without the serve extra, refuses past
+16 KiB with a plain-text 400; httptools reads any size)."""
+MAX_HEADERS = 100
+"""The most header lines of one request (Apache's default)."""
+
+
 def guarded(base: type, read_timeout: float, max_connections: int, metrics: ServeMetrics) -> type:
     """uvicorn's HTTP protocol class ``base`` with two bounds a slow or greedy client cannot get round: a
     connection past ``max_connections`` open ones gets 503 and is closed at once (each open connection holds a file
@@ -129,7 +136,7 @@ def guarded(base: type, read_timeout: float, max_connections: int, metrics: Serv
     class Guarded(base):  # type: ignore[misc, valid-type]
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._heard, self._timer = False, None
+            self._heard, self._timer, self._tail, self._body_of = False, None, None, None
             if len(self.connections) > max_connections:
                 metrics.requests.inc(endpoint="other", status="503")
                 metrics.errors.inc(endpoint="other", kind="overloaded")
@@ -142,11 +149,46 @@ def guarded(base: type, read_timeout: float, max_connections: int, metrics: Serv
             if self._timer is not None:
                 self._timer.cancel()
             self._heard, self._since = False, self.cycle
+            self._head, self._tail = [0, 0], b""  # bytes and lines of the next request's head, its last 3 bytes
+            self._body_of = self.cycle if self.cycle is not None and self.cycle.more_body else None
+            if self._body_of is not None:  # answered before its body ended: the rest of it is no head
+                self._tail = None
             self._timer = asyncio.get_running_loop().call_later(read_timeout, self._expired)
 
         def data_received(self, data: bytes) -> None:
             self._heard = True
+            if self.transport.is_closing() or (self._tail is not None and not self._head_bounded(data)):
+                return
             super().data_received(data)
+            body = self._body_of
+            if body is not None and (self.cycle is not body or not body.more_body):
+                self._body_of, self._head, self._tail = None, [0, 0], b""  # the next request's head starts
+
+        def _head_bounded(self, data: bytes) -> bool:
+            """Count the request line and headers as they arrive (``_tail`` None once they ended); past
+            :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` lines answer 431 and close, before they are parsed."""
+            joined = self._tail + data
+            end = joined.find(b"\r\n\r\n")
+            head = data if end < 0 else data[: max(0, end + 4 - len(self._tail))]
+            self._head[0] += len(head)
+            self._head[1] += head.count(b"\n")
+            if self._head[0] > MAX_HEAD_BYTES or self._head[1] > MAX_HEADERS + 1:
+                metrics.requests.inc(endpoint="other", status="431")
+                metrics.errors.inc(endpoint="other", kind="bad_input")
+                self.transport.write(_plain(431, f"the request line and headers exceed {MAX_HEAD_BYTES:,} bytes or "
+                                                 f"{MAX_HEADERS} headers; send a shorter request"))
+                self.transport.close()
+                self._tail = None
+                return False
+            self._tail = None if end >= 0 else joined[-3:]
+            return True
+
+        def send_400_response(self, msg: str) -> None:
+            """Malformed HTTP: the JSON error every other answer has (uvicorn's is plain text), then close."""
+            metrics.requests.inc(endpoint="other", status="400")
+            metrics.errors.inc(endpoint="other", kind="bad_input")
+            self.transport.write(_plain(400, f"malformed HTTP request ({msg[:200]})"))
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -177,7 +219,8 @@ def guarded(base: type, read_timeout: float, max_connections: int, metrics: Serv
 def _plain(status: int, message: str) -> bytes:
     """A complete HTTP/1.1 answer written by the protocol itself (before any request reached the app)."""
     body = json.dumps({"error": {"status": status, "field": None, "message": message}}).encode()
-    reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
+    reason = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+              503: "Service Unavailable"}[status]
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n").encode() + body
 
@@ -207,7 +250,7 @@ class Service:
         self.abandoned_load = False
         """True once :meth:`serve` returned with a reload still loading: leave the process with ``os._exit``."""
         limits = Limits(cfg.max_k, cfg.max_history_ids, cfg.max_histories, cfg.max_body_bytes, cfg.read_timeout)
-        access = Access(cfg.api_key, cfg.metrics_public)
+        self.access = access = Access(cfg.api_key, cfg.metrics_public)
         app = build_app(self.holder, self.batcher, self.metrics, limits, self.state, access)
         _enough_files(cfg.max_connections)
         self.socket = _bind(cfg.host, cfg.port)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import time
 from typing import Any
 
@@ -20,8 +21,19 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}td.n{text-align:right;w
 SHOWN_K = 10  # the cutoff of the eval charts (the tables show every k)
 
 
+MAX_TEXT = 1000
+"""The most characters of one value on the page (a title, an id, a message); a longer one ends in an ellipsis."""
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Control characters and bidirectional overrides: a terminal escape, a NUL or a right-to-left override in a title
+would reach the page and reorder or hide what it shows."""
+
+
 def esc(value: Any) -> str:
-    return html.escape(str(value))
+    """A value as page text: control and bidi characters replaced, cut to :data:`MAX_TEXT`, HTML-escaped."""
+    text = CONTROL.sub("\ufffd", str(value))
+    if len(text) > MAX_TEXT:
+        text = text[: MAX_TEXT - 1] + "\u2026"
+    return html.escape(text)
 
 
 def number(value: Any) -> str:
@@ -183,6 +195,15 @@ def print_written(path: Any, size: int, problems: list[dict[str, str]]) -> None:
     from gencli.ui.output import console
 
     console().print(f"[green]✓[/green] report written to {escape(str(path))} ({size / 1024:,.0f} KB)")
+    print_problems(problems)
+
+
+def print_problems(problems: list[dict[str, str]]) -> None:
+    """A warning on stderr for each file the report could not read."""
+    from rich.markup import escape
+
+    from gencli.ui.output import console
+
     for p in problems:
         console(stderr=True).print(f"[yellow]warning[/yellow]: could not read {escape(p['file'])}: "
                                    f"{escape(p['error'])}", soft_wrap=True)

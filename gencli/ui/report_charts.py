@@ -11,6 +11,21 @@ WIDE = (10.0, 3.2)  # inches: 800 x 256 pixels at DPI
 COLORS = {"promoted": "#2a9d4a", "refused": "#d1495b", "flagged": "#e8a33d", "kept": "#d1495b"}
 
 
+def plain_text(draw):
+    """Draw with every label taken as plain text: matplotlib reads ``$...$`` in a title, a tick or a legend as TeX
+    (mathtext), and a metric key or a night's folder name holding one would end the chart in a ParseError."""
+    import functools
+
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn
+
+
 def _figure(rows: int, cols: int, size: tuple[float, float]):
     import matplotlib
 
@@ -27,6 +42,7 @@ def png(fig) -> bytes:
     return buffer.getvalue()
 
 
+@plain_text
 def training_chart(t: dict[str, Any]) -> bytes:
     """Loss, every validation (the kept checkpoint marked, why training stopped), learning rate, tokens/s."""
     fig, axes = _figure(1, 4, (12.0, 3.0))
@@ -57,6 +73,7 @@ def validation_keys(valid: list[dict[str, Any]]) -> list[str]:
     return keys[:3]
 
 
+@plain_text
 def ranking_chart(policy: dict[str, Any], k: int) -> bytes:
     """Recall@k and NDCG@k of each block (overall, by popularity, the baselines), then Recall@10 by history length
     for gencli and each baseline."""
@@ -89,6 +106,7 @@ def ranking_chart(policy: dict[str, Any], k: int) -> bytes:
     return png(fig)
 
 
+@plain_text
 def blend_chart(blends: dict[str, dict[str, Any]]) -> bytes:
     """Each seen-item policy's shares: the model alone, the model region times content, content alone."""
     fig, axes = _figure(1, 1, (10.0, 1.2 + 0.4 * len(blends)))
@@ -111,6 +129,7 @@ def blend_parts(b: dict[str, Any]) -> list[tuple[str, float, str]]:
             ("content", max(0.0, 1 - weight - prefix), "#6fb58a")]
 
 
+@plain_text
 def nights_chart(nights: list[dict[str, Any]], metrics: list[str]) -> bytes:
     """Each key metric across nights; promoted nights green, refused red, flagged ones ringed in orange."""
     fig, axes = _figure(len(metrics), 1, (10.0, 2.2 * len(metrics)))

@@ -65,16 +65,70 @@ def refusal(what: str, path: Path, kind: str, folder: Path, fix: str = "give a p
 
 
 def check_output(path: Path | str, option: str = "--output") -> None:
-    """A file a command writes for the user (``recommend --output``) lands in no workdir and no bundle."""
+    """The one guard of a file a command writes for the user (``recommend --output``, ``report --output``): it lands
+    in no workdir and no bundle, and is a new file or a regular one. A symbolic link is refused (the file is
+    replaced atomically, which would replace the link, not what it points to), and so is a device, pipe or folder:
+    ``-`` writes to stdout where a command writes one file."""
+    path = Path(path)
+    fix = "give the path of a regular file (or '-' for stdout)"
+    if path.is_symlink():
+        raise InputError(f"{option} {path} is a symbolic link: the file would replace the link, not be written "
+                         f"through it; nothing was written, {fix}")
+    if path.exists() and not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise InputError(f"{option} {path} is {what}; nothing was written, {fix}")
+    found = owner(path)
+    if found is not None:
+        raise refusal(f"{option} {path}", path, *found)
+
+
+def check_folder(path: Path | str, what: str) -> None:
+    """A folder gencli creates or fills outside its steps (a tracking store, a bundle) is in no workdir and no
+    bundle: ``what`` names the option or variable that gave it."""
     found = owner(Path(path))
     if found is not None:
-        raise refusal(f"{option} {path}", Path(path), *found)
+        raise refusal(f"{what} {path}", Path(path), *found)
 
 
 def check_workdir(root: Path) -> None:
-    """A ``--workdir`` is never a bundle, nor a folder inside one: a step would write its lock, its folders and a
-    manifest.json into the bundle."""
+    """A ``--workdir`` is a workdir or a new folder outside every workdir and bundle, and holds none: a step would
+    write its lock, its folders and a manifest.json into a bundle, and a step of an outer workdir (``quantize
+    --force``) deletes a workdir nested in its folder with everything in it."""
+    if Path(root).exists() and not Path(root).is_dir():
+        raise InputError(f"--workdir {root} is a file, not a folder; give a folder (new or a workdir)")
     found = owner(root)
     if found is not None and found[0] == BUNDLE:
         raise refusal(f"--workdir {root}", root, *found,
                       fix="read a bundle with --bundle, and give --workdir a folder outside it")
+    resolved = Path(root).expanduser().resolve()
+    if found is not None and found[1] != resolved:
+        raise refusal(f"--workdir {root}", root, *found, fix=f"give --workdir {found[1]} itself, or a folder outside it")
+    if found is None:
+        inner = held(resolved)
+        if inner is not None:
+            kind, folder = inner
+            raise InputError(f"--workdir {root} holds the {kind} {folder}: a workdir's steps replace their folders "
+                             f"whole, and would delete it; nothing was written, give --workdir a folder that holds no "
+                             f"{kind} (or {folder} itself)")
+
+
+HELD_DEPTH = 2
+"""How deep below a new ``--workdir`` a workdir or bundle is looked for (``W/quantize/inner``: a step's folder)."""
+
+
+def held(folder: Path) -> tuple[str, Path] | None:
+    """(kind, folder) of a workdir or bundle at most :data:`HELD_DEPTH` folders below ``folder`` (not itself)."""
+    if not folder.is_dir():
+        return None
+    for depth in range(1, HELD_DEPTH + 1):
+        pattern = "/".join(["*"] * depth)
+        for marker in (BUNDLE_JSON, MANIFEST_NAME):
+            for file in sorted(folder.glob(f"{pattern}/{marker}")):
+                inner = file.parent
+                if inner.is_symlink():
+                    continue
+                if marker == BUNDLE_JSON and is_bundle(inner):
+                    return BUNDLE, inner
+                if marker == MANIFEST_NAME and is_workdir(inner):
+                    return WORKDIR, inner
+    return None

@@ -380,8 +380,11 @@ def _file_changed(path: Path, recorded: dict[str, Any]) -> bool:
 
 
 def _describe_file(path: Path, key: str) -> dict[str, Any]:
+    from gencli.fileio import check_readable
+
     if not path.exists():
         raise InputError(f"--{key} file does not exist: {path}; check the path")
+    check_readable(path, f"--{key}", folders=True)
     if path.is_dir():
         # a dataset folder (e.g. MovieLens): hash its files together
         files = sorted(p for p in path.rglob("*") if p.is_file())

@@ -76,3 +76,29 @@ def test_export_max_history_is_range_checked(wd):
     refused(wd, "export", str(out), "--max-history", "99999999999999999999", names=["--max-history must be in [0, "
                                                                                     "1000000]"])
     assert not out.exists()
+
+
+def test_a_device_given_as_an_input_file_is_refused_not_read_forever(small_sample, tmp_path):
+    """--interactions or --items a link to /dev/zero or /dev/urandom, `models pull --wheel /dev/zero`: exit 2
+    naming the option and the file at once (each was read until a timeout killed it). Run as child processes with a
+    deadline, so a regression fails instead of hanging the suite."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "zero.csv").symlink_to("/dev/zero")
+    (tmp_path / "random.csv").symlink_to("/dev/urandom")
+    items, interactions = str(small_sample.folder / "items.csv"), str(small_sample.folder / "interactions.csv")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "GENCLI_HOME": str(tmp_path / "home")}
+    for args, names in ((["ingest", "--items", items, "--interactions", str(tmp_path / "zero.csv"), "--workdir",
+                          str(tmp_path / "w1")], ["--interactions", "/dev/zero", "not a regular file"]),
+                        (["ingest", "--items", str(tmp_path / "random.csv"), "--interactions", interactions,
+                          "--workdir", str(tmp_path / "w2")], ["--items", "/dev/urandom"]),
+                        (["models", "pull", "smollm2-135m", "--wheel", "/dev/zero"], ["--wheel", "/dev/zero"])):
+        done = subprocess.run([sys.executable, "-m", "gencli", *args, "--json"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2, done.stderr[-2000:]
+        error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+        assert all(name in error for name in names), error
+        assert "Traceback" not in done.stderr

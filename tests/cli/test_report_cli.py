@@ -104,3 +104,39 @@ def test_the_main_jobs_report_takes_under_five_seconds_on_one_thread(sample_dir,
     metrics = json.loads((wd / "eval" / "metrics.json").read_text())
     assert report["rankings"][0]["policies"][0]["blocks"]["overall"] == metrics["metrics"]["overall"]
     assert f'{metrics["metrics"]["overall"]["recall@10"]:.4f}' in out.read_text(encoding="utf-8")
+
+
+def test_damaged_fields_are_named_and_the_rest_is_drawn(trained_small, tmp_path):
+    """A string where eval has a number, a string average.members, a string loss, TeX-like `$...$` in a metric key
+    and in a night's folder name, a promotion whose `at` is a number: each is named on the page, the rest drawn."""
+    wd = tmp_path / "night $x^2$"
+    shutil.copytree(trained_small / "work", wd)
+    (wd / "eval").mkdir(exist_ok=True)
+    block = {"recall@10": "0.3", "ndcg@10": 0.2, "users": 5}
+    (wd / "eval" / "metrics.json").write_text(json.dumps({
+        "split": "test", "users": 5, "beams": 5, "k": [10], "metrics": {"overall": block, "head": block},
+        "by_history": {"gencli": {"1-2": {"recall@10": "high"}}, "popularity": "x"}, "exclude_seen": True}))
+    record = json.loads((wd / "sft" / "step.json").read_text())
+    record["metrics"]["average"] = {"members": "3"}
+    record["metrics"]["peak_step"] = "two"
+    (wd / "sft" / "step.json").write_text(json.dumps(record))
+    with (wd / "sft" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "train", "step": 3, "loss": "NaN?", "lr": 0.1}) + "\n")
+        f.write(json.dumps({"kind": "valid", "step": 3, "recall@5": 0.5, "$\\frac{a}{b$@5": 0.1}) + "\n")
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["report", "--workdir", str(wd), "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    problems = " ".join(p["error"] for p in json.loads(r.stdout)["problems"])
+    for said in ("overall.recall@10 is not a number (0.3)", "by_history.gencli.1-2.recall@10 is not a number",
+                 "by_history.popularity is not an object", "average.members is not an integer",
+                 "peak_step is not an integer", "line 3: loss is not a number"):  # line 3: after sft's two lines
+        assert said in problems, problems
+    page = out.read_text(encoding="utf-8")
+    assert "Files that could not be read" in page and len(pictures(page)) >= 3  # sft curves, eval, blend
+    trail = tmp_path / "promotions.jsonl"
+    trail.write_text(json.dumps({"workdir": str(wd), "promoted": True, "at": 5, "reason": "better",
+                                 "new": {"recall@10": 0.3}}) + "\n")
+    season = tmp_path / "season.html"
+    r = CliRunner().invoke(cli, ["report", "--nights", str(trail), str(wd), "--output", str(season), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "'at' that is not a time" in r.stdout and pictures(season.read_text(encoding="utf-8"))

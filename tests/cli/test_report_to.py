@@ -118,3 +118,26 @@ def test_a_missing_extra_or_unknown_target_is_refused_before_any_work(small_embe
     r = CliRunner().invoke(cli, ["run", str(toml), "--workdir", str(tmp_path / "fresh"), "--json"])
     assert r.exit_code == 2 and "pip install 'gencli[mlflow]'" in json.loads(r.stdout)["error"]
     assert not (tmp_path / "fresh").exists()
+
+
+def test_an_unreachable_mlflow_server_costs_seconds_once_not_minutes_per_step(trained_small, tmp_path, monkeypatch):
+    """A tracking server that refuses connections is a warning within seconds (MLflow's own retries took 252 s),
+    and the next step of the same process (`gencli run`) is not held again."""
+    import socket
+    import time
+
+    from gencli.flow import tracking
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    uri = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(tracking, "UNREACHABLE", {})
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    for budget in (30.0, 1.0):
+        started = time.monotonic()
+        where, warnings = tracking.report_step(wd, "sft", ["mlflow"])
+        assert time.monotonic() - started < budget
+        assert where == {} and len(warnings) == 1 and f"the MLflow server {uri} is unreachable" in warnings[0]

@@ -100,11 +100,13 @@ def test_a_bundle_with_non_finite_weights_is_refused_at_load(wd):
     file = bundle / "model" / "model.safetensors"
     _poison(bundle / "model")
     from gencli import Recommender
+    from gencli.core.artifacts import model_id
     from gencli.core.infer.bundle_check import CHECKSUM, manifest_digest
     from gencli.errors import ArtifactError
 
     meta = json.loads((bundle / "gencli.json").read_text())  # re-signed: only the weights are wrong
     meta["sha256"]["model/model.safetensors"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    meta["model_id"] = model_id(meta["source"]["model_step"], meta["sha256"])  # the id of the files, as export's
     meta[CHECKSUM] = manifest_digest(meta)
     (bundle / "gencli.json").write_text(json.dumps(meta))
 

@@ -179,7 +179,7 @@ def tiny_bundle(root: Path, n_items: int = 40, levels: Sequence[int] = (4, 4, 3)
     vectors = rng.normal(size=(n_items, 8)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     histories = ([f"u{u:03d}" for u in range(users)], [rng.integers(0, n_items, u).tolist() for u in range(users)])
-    meta = {"model_id": "sft@0123456789ab", "source": {"model_step": "sft", "steps": {}}, "metrics": {},
+    meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {},
             "decode": {"max_history": 6, "k": 10, "beams": 20, "exclude_seen": True}}
     bundle.write_bundle(root / "bundle", root / "model", root / artifacts.SID_VOCAB,
                         [f"i{i:03d}" for i in range(n_items)], [f"Title {i}" for i in range(n_items)], codes, meta,

@@ -90,3 +90,26 @@ def test_a_non_finite_score_is_a_broken_model_not_an_internal_error(bundles, ser
     assert fine.status_code == 200
     assert 'gencli_serve_errors_total{endpoint="/v1/recommend",kind="broken_model"} 1\n' in metrics
     assert 'kind="internal"' not in metrics
+
+
+def test_an_empty_key_or_metrics_public_without_a_key_is_refused_at_start(bundles, monkeypatch):
+    """An empty GENCLI_API_KEY (or --api-key '') fails closed: exit 2 before anything listens, not a server open to
+    everyone; --metrics-public without a key is refused too; the startup line says who may call what."""
+    import socket
+
+    monkeypatch.delenv("GENCLI_API_KEY", raising=False)
+    taken = socket.socket()  # a port already in use: a server that failed to refuse stops at its bind, not hangs
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    args = ["serve", "--bundle", str(bundles["a"]), "--port", str(taken.getsockname()[1]), "--device", "cpu"]
+    for env, extra, says in (({"GENCLI_API_KEY": ""}, [], "GENCLI_API_KEY is set but empty"),
+                             ({"GENCLI_API_KEY": "  "}, [], "GENCLI_API_KEY is set but empty"),
+                             ({}, ["--api-key", ""], "--api-key is empty"),
+                             ({}, ["--metrics-public"], "--metrics-public goes with an API key")):
+        r = CliRunner().invoke(cli, [*args, *extra], env=env)
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+        assert "listening" not in r.output
+    taken.close()
+    assert Access().describe() == "no API key: /v1/* and /metrics answer anyone who can connect"
+    assert Access(KEY).describe() == "/v1/* and /metrics need the bearer token"
+    assert Access(KEY, metrics_public=True).describe() == "/v1/* needs the bearer token; /metrics is public"

@@ -154,6 +154,8 @@ BAD = [  # (route, body as bytes or JSON, status, field)
     ("/v1/recommend", {"history": "i001"}, 422, "history"),
     ("/v1/recommend", {"history": ["i001", 2.5]}, 422, "history[1]"),
     ("/v1/recommend", {"history": ["i001", None]}, 422, "history[1]"),
+    ("/v1/recommend", {"history": ["i001", 42]}, 422, "history[1]"),  # docs/serving.md: ids are strings
+    ("/v1/recommend", {"history": [], "user_id": 7}, 422, "user_id"),
     ("/v1/recommend", {"history": ["i001"] * 51}, 422, "history"),
     ("/v1/recommend", {"history": [], "k": 0}, 422, "k"),
     ("/v1/recommend", {"history": [], "k": 31}, 422, "k"),

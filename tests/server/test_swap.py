@@ -131,3 +131,28 @@ def test_sighup_reloads_a_pointer_file_and_sigterm_drains_then_returns_0(bundles
     assert seen["after"]["bundle"]["path"] == str(bundles["b"])
     assert seen["inflight"].status_code == 200 and seen["inflight"].json()["bundle"]["path"] == str(bundles["b"])
     assert seen["late"] in ("refused", 503)
+
+
+def test_a_pointer_to_a_missing_folder_or_to_a_pointer_is_a_failed_reload_logged_and_counted(
+        bundles, serving, tmp_path, caplog):
+    """The watcher sees every change of what --bundle names, readable or not: a pointer naming a missing folder, or
+    another pointer file, is one failed reload (logged, counted, not retried), the old bundle still serving; a good
+    pointer afterwards is loaded."""
+    bundles = {name: path.resolve() for name, path in bundles.items()}
+    pointer = tmp_path / "current"
+    pointer.write_text(f"{bundles['a']}\n")
+    caplog.set_level(logging.INFO, logger="gencli.serve")
+    with serving(pointer, watch=0.05) as service:
+        (tmp_path / "other").write_text(f"{bundles['b']}\n")
+        for loads, target in ((1, tmp_path / "missing"), (2, tmp_path / "other"), (3, bundles["b"])):
+            (tmp_path / "next").write_text(f"{target}\n")
+            os.replace(tmp_path / "next", pointer)
+            wait_until(lambda n=loads: service.holder.loads_done == n, what=f"reload {loads} ({target})")
+        time.sleep(0.3)  # unchanged since: no retry
+        metrics = httpx.get(f"{service.url}/metrics", timeout=TIMEOUT).text
+        ready = httpx.get(f"{service.url}/readyz", timeout=TIMEOUT).json()
+    assert service.holder.loads_done == 3 and ready["bundle"]["path"] == str(bundles["b"])
+    assert re.search(r'^gencli_serve_reloads_total\{result="failed"\} 2$', metrics, re.M)
+    failed = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failed) == 2 and all(f"still serving {bundles['a']}" in m for m in failed), failed
+    assert "missing" in failed[0] and "another pointer" in failed[1]

@@ -246,7 +246,8 @@ def _parse_numbers(events: pl.DataFrame, table: RawTable, problems: Problems, st
             pl.when(as_float.is_finite() & (as_float.abs() < 9e18)).then(as_float.floor().cast(pl.Int64)),
         )
         # a number past +-9.2e18 seconds (or inf) is a number, but no time: say so, rather than "not a number"
-        beyond = (as_float.is_infinite() | (as_float.abs() >= 9e18)).fill_null(False) & numeric.is_null()
+        beyond = (as_float.is_infinite() | ((as_float.abs() >= 9e18) & ~as_float.is_nan())).fill_null(False) \
+            & numeric.is_null()  # polars orders NaN above every number: "nan" is no number, not a far one
         events = events.with_columns(numeric.alias("_ts"), beyond.alias("_ts_far"))
         dates = events.filter(pl.col("_ts").is_null() & ~_blank("timestamp") & ~pl.col("_ts_far"))
         if dates.height:  # not numbers: ISO dates / datetimes, seconds since the epoch

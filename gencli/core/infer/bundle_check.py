@@ -72,6 +72,7 @@ def meta_problems(meta: dict[str, Any], max_beams: int) -> list[str]:
         if key in meta and not ok(meta[key]):
             problems.append(f"{BUNDLE_JSON} field {key} must be {what} (got {shown(meta[key])})")
     source = meta.get("source", {})
+    problems += model_id_problems(meta)
     if not isinstance(source, dict):
         problems.append(f"{BUNDLE_JSON} field source must be an object")
     else:
@@ -95,6 +96,25 @@ def meta_problems(meta: dict[str, Any], max_beams: int) -> list[str]:
             problems.append(f"{BUNDLE_JSON} field decode.exclude_seen must be true or false (got "
                             f"{shown(decode['exclude_seen'])})")
     return problems
+
+
+def model_id_problems(meta: dict[str, Any]) -> list[str]:
+    """``model_id`` must be the id its files make (:func:`gencli.core.artifacts.model_id` of ``source.model_step``
+    and the ``sha256`` digests, which the reader checks against the files): an id written by hand would put a false
+    name on every answer, header, metric and log line."""
+    from gencli.core.artifacts import model_id
+
+    given, source, digests = meta.get("model_id"), meta.get("source"), meta.get("sha256")
+    step = source.get("model_step") if isinstance(source, dict) else None
+    if not (_text(given, MODEL_ID) and _text(step, STEP) and isinstance(digests, dict) and digests):
+        return []
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in digests.items()):
+        return []  # digest_problems names it
+    expected = model_id(step, digests)
+    if given != expected:
+        return [f"{BUNDLE_JSON} field model_id {given} is not the id of the files it lists ({expected}): it was "
+                "edited after export"]
+    return []
 
 
 def digest_problems(files: dict[str, Any], digests: Any) -> list[str]:
@@ -139,10 +159,16 @@ def folder_problems(root: Path, files: dict[str, Any]) -> list[str]:
 def shown(value: Any, limit: int = 60) -> str:
     """A value of a file as a message may show it: a short plain string as it is, anything else as ASCII JSON cut to
     ``limit`` characters (no newline or escape sequence of a hostile file reaches a terminal or a log)."""
-    if isinstance(value, str) and value.isascii() and _text(value, limit=limit):
+    if isinstance(value, str) and value.isascii() and _text(value, limit=limit) and not _literal(value):
         return value
     text = json.dumps(value, ensure_ascii=True, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _literal(text: str) -> bool:
+    """Whether a string reads as a JSON literal (``true``, ``false``, ``null``): shown quoted, so that a string
+    "false" is not taken for the boolean."""
+    return text in ("true", "false", "null")
 
 
 def users_problems(frame: Any, n_items: int) -> list[str]:

@@ -48,6 +48,8 @@ MAX_PARAMS = 8_000_000_000
 """The most parameters a model may imply (Qwen3-8B's size; 32 GB in float32): past it the load is refused before
 any allocation."""
 OPTIONAL = ("head_dim", "max_position_embeddings")  # head_dim absent or null: hidden_size // num_attention_heads
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+"""Files a loader of transformers (or torch) may take for weights."""
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 
 
@@ -100,6 +102,14 @@ def config_problems(raw: dict[str, Any], ids: list[int] = ()) -> list[str]:
     theta = raw.get("rope_theta")
     if theta is not None and (not _number(theta) or theta <= 0):
         problems.append(f"{CONFIG} field rope_theta must be a positive number (got {_shown(theta)})")
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 reads rope_theta from rope_parameters
+        nested = raw.get(key)
+        if nested is not None and not isinstance(nested, dict):
+            problems.append(f"{CONFIG} field {key} must be an object (got {_shown(nested)})")
+        elif nested is not None and "rope_theta" in nested and (not _number(nested["rope_theta"]) or
+                                                                 nested["rope_theta"] <= 0):
+            problems.append(f"{CONFIG} field {key}.rope_theta must be a positive number (got "
+                            f"{_shown(nested['rope_theta'])})")
     if problems:
         return problems
     if raw["num_attention_heads"] % raw["num_key_value_heads"]:
@@ -181,6 +191,11 @@ def header_tensors(folder: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]]
         files = [WEIGHTS]
     else:
         return {}, [f"no {WEIGHTS} (gencli reads safetensors weights only)"]
+    kept = {*files, INDEX} if (folder / INDEX).is_file() else {WEIGHTS}
+    stray = stray_weights(folder, kept)
+    if stray:
+        return {}, [f"{_names(stray)}: weight file(s) beside those {'the index names' if INDEX in kept else WEIGHTS} "
+                    "(a loader may read them instead of the checked ones); keep one set of weights per model folder"]
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in files:
         try:
@@ -193,6 +208,17 @@ def header_tensors(folder: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]]
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
             problems.append(f"{name} is not a readable safetensors file ({str(exc)[:120]})")
     return found, problems
+
+
+def stray_weights(folder: Path, keep: set[str]) -> list[str]:
+    """Weight files (or indexes) of the folder other than ``keep``: transformers prefers a ``model.safetensors`` to
+    an index of shards, so a stray one would be loaded unchecked."""
+    found = []
+    for entry in sorted(Path(folder).iterdir()):
+        name = entry.name
+        if name not in keep and (name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")):
+            found.append(name)
+    return found
 
 
 def tensor_problems(config, found: dict[str, tuple[str, tuple[int, ...]]]) -> list[str]:
@@ -246,6 +272,17 @@ def model_problems(folder: Path, sid_ids: list[int] = (), max_params: int = MAX_
                 "damaged or not a recommender's"]
     found, problems = header_tensors(folder)
     return problems or tensor_problems(config, found)
+
+
+def check_step_model(model_dir: Path, vocab_path: Path) -> None:
+    """ArtifactError (naming the folder, which the workspace turns into the command that rewrites it) when a model
+    step's folder fails :func:`model_problems`: every step that loads a workdir's model checks it as a bundle's."""
+    from gencli.core.lm.prompt import load_sid_vocab
+    from gencli.errors import ArtifactError
+
+    problems = model_problems(model_dir, sid_vocab_ids(load_sid_vocab(vocab_path)))
+    if problems:
+        raise ArtifactError(f"model folder {model_dir}: {'; '.join(problems[:3])}", damaged=Path(model_dir))
 
 
 def sid_vocab_ids(vocab) -> list[int]:

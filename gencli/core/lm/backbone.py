@@ -71,6 +71,9 @@ def load_model(path: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
             f"{min_vocab - 1}; the model and sid_vocab.json come from different runs: rerun gencli init-vocab"
         )
     model.to(device)
+    from gencli.core.lm.weights import detach_from_files
+
+    detach_from_files(model)  # from_pretrained maps the weight file: a file cut under a server would kill it
     model.eval()
     return model, tokenizer
 

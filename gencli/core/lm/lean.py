@@ -357,7 +357,7 @@ def _causal_mask(attention_mask: torch.Tensor | None, batch: int, length: int, d
 def load(path: Path, device: torch.device, dtype: torch.dtype) -> LeanCausalLM | None:
     """The lean model of an HF folder, or None when transformers must load it (another architecture or setting,
     sharded or .bin weights, any key or shape that differs, a device other than the CPU)."""
-    from safetensors.torch import load_file
+    from gencli.core.lm.weights import read_safetensors
 
     path = Path(path)
     if device.type != "cpu" or not (path / WEIGHTS).is_file():
@@ -369,7 +369,7 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> LeanCausalLM |
     if config is None:
         return None
     try:
-        weights = load_file(str(path / WEIGHTS))
+        weights = read_safetensors(path / WEIGHTS)  # in memory: a file cut under a server cannot kill it
     except Exception:  # noqa: BLE001 - a damaged file: transformers' loader reports it as it always has
         return None
     model = LeanCausalLM(config, path)

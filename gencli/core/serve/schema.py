@@ -117,10 +117,10 @@ def _history(value: Any, name: str, limits: Limits) -> list[str]:
                                     "most recent ones: the prompt keeps only the last few anyway)")
     out = []
     for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, (str, int)):
+        if not isinstance(item, str):  # as docs/serving.md says: ids are strings, "42" and not 42
             raise BadRequest(422, f"{name}[{i}]", f"{name}[{i}] must be an item id (a string), got "
-                                                  f"{type(item).__name__}")
-        out.append(str(item))
+                                                  f"{type(item).__name__} {json.dumps(item)[:40]}")
+        out.append(item)
     return out
 
 
@@ -138,7 +138,7 @@ def _options(obj: dict[str, Any], limits: Limits) -> tuple[int, bool, bool]:
 
 
 def _user_id(value: Any, name: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+    if not isinstance(value, str) or value == "":
         raise BadRequest(422, name, f"{name} must be a user id (a non-empty string), got {json.dumps(value)}")
     return str(value)
 
@@ -199,3 +199,11 @@ class Access:
         # a header value arrives as latin-1: its bytes as sent; compared even for a wrong scheme (same time)
         ok = hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected)
         return ok and scheme.lower() == BEARER
+
+    def describe(self) -> str:
+        """Who may call what, as the startup line states it."""
+        if not self.key:
+            return "no API key: /v1/* and /metrics answer anyone who can connect"
+        if self.metrics_public:
+            return "/v1/* needs the bearer token; /metrics is public"
+        return "/v1/* and /metrics need the bearer token"

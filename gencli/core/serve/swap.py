@@ -106,16 +106,18 @@ def resolve_bundle(path: Path) -> Path:
     return Path(os.path.realpath(target))
 
 
-def signature(path: Path) -> tuple | None:
-    """What identifies the bundle ``path`` names now; None while it cannot be read (mid-switch, missing)."""
+def signature(path: Path) -> tuple:
+    """What identifies the bundle ``path`` names now: its folder and gencli.json's inode, size and mtime, or, when
+    it cannot be read (a pointer to a missing folder or to another pointer, a removed link), ``("unreadable",
+    why)``: a change to that is a reload like any other, which fails, is logged and counted, and is not retried
+    until the path changes again."""
     from gencli.core.infer.bundle import BUNDLE_JSON
 
     try:
         folder = resolve_bundle(path)
         st = os.stat(folder / BUNDLE_JSON)
     except Exception as exc:  # noqa: BLE001 - OSError, or an InputError for an unreadable pointer file
-        log.debug("bundle %s unreadable: %s", path, exc)
-        return None
+        return "unreadable", f"{type(exc).__name__}: {str(exc)[:300]}"
     return str(folder), st.st_ino, st.st_size, st.st_mtime_ns
 
 
@@ -183,7 +185,7 @@ class Holder:
         self.watch_s = watch_s
         self._load = load
         seen = signature(self.path)  # had --bundle already moved on while the first load ran, the next check loads
-        self._seen = seen if seen is not None and seen[0] == first.path else None
+        self._seen = seen if seen[0] == first.path else None
         self._wake = threading.Event()
         self._forced = False
         self._stopped = False
@@ -223,7 +225,7 @@ class Holder:
                     return
                 forced, self._forced = self._forced, False
                 now = signature(self.path)
-                if forced or (now is not None and now != self._seen):
+                if forced or now != self._seen:
                     self._seen = now
                     self.reload(reason="SIGHUP" if forced else "the bundle moved")
         except BaseException as exc:  # noqa: BLE001 - the thread must never die silently

@@ -182,6 +182,9 @@ def test_timestamps_with_a_zone_are_honoured_and_huge_numbers_refused(tmp_path):
     error = fails(items, huge, tmp_path / "o2")  # a number past int64 is out of range, not "not a number"
     assert "timestamp out of range at lines 3, 5 (a time must be within +-9.2e18 seconds of 1970)" in error
     assert "timestamp missing or not a number / date at line 6" in error
+    _, nan = log(tmp_path / "n", ["u1,a,1", "u1,b,nan", "u1,c,NaN"], header="user_id,item_id,timestamp")
+    error = fails(items, nan, tmp_path / "o3")  # not a number at all: not "out of range"
+    assert "out of range" not in error and "timestamp missing or not a number / date at lines 3, 4" in error
 
 
 def test_duplicate_header_columns_are_refused_with_their_names(tmp_path):

@@ -41,7 +41,7 @@ def made(tmp_path_factory):
     vectors = rng.normal(size=(N_ITEMS, 8)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     users = ([f"u{u}" for u in range(5)], [rng.integers(0, N_ITEMS, 3).tolist() for _ in range(5)])
-    meta = {"model_id": "sft@0123456789ab", "source": {"model_step": "sft", "steps": {}}, "metrics": {},
+    meta = {"source": {"model_step": "sft", "steps": {}}, "metrics": {},
             "decode": {"max_history": 3, "k": 10, "beams": 20, "exclude_seen": True}}
     bundle.write_bundle(root / "b", root / "model", root / artifacts.SID_VOCAB, [f"i{i:03d}" for i in range(N_ITEMS)],
                         [f"Title {i}" for i in range(N_ITEMS)], codes, meta, users=users, embeddings=vectors)
@@ -92,12 +92,32 @@ def test_a_model_id_that_would_break_headers_or_logs_is_refused(b, model_id):
     assert "\n" not in str(err.value) and len(str(err.value)) < 1000 and str(err.value).isascii()
 
 
+def test_a_model_id_that_is_not_its_files_id_is_refused(b):
+    """model_id is recomputed from the files (their sha256, checked): a re-signed bundle cannot carry a false id
+    into headers, /readyz, metrics and logs; the true id loads and names every answer."""
+    from gencli.core.artifacts import model_id
+
+    meta = _meta(b)
+    true_id = model_id("sft", meta["sha256"])
+    _write(b, {**meta, "model_id": "rl@38d0543d09a0"})
+    with pytest.raises(ArtifactError, match=r"model_id rl@38d0543d09a0 is not the id of the files it lists \(sft@"):
+        Recommender.load(b, device="cpu")
+    (b / "model" / "generation_config.json").write_text("{}")  # tampered, re-listed, the old true id kept
+    _write(b, {**meta, "model_id": true_id})
+    _relist(b, "model/generation_config.json")
+    with pytest.raises(ArtifactError, match=f"model_id {true_id} is not the id"):
+        Recommender.load(b, device="cpu")
+    _write(b, {**_meta(b), "model_id": model_id("sft", _meta(b)["sha256"])})
+    assert Recommender.load(b, device="cpu").metadata["model_id"] != true_id
+
+
 @pytest.mark.parametrize("field, value, says", [
     ("created", "2026\nforged log line", "field created must be a time"),
     ("gencli_version", {"x": 1}, "field gencli_version must be a version"),
     ("items", N_ITEMS + 1, f"says {N_ITEMS + 1} items, items.parquet holds {N_ITEMS}"),
     ("decode", {"max_history": 3, "k": "ten"}, 'field decode.k must be an integer in [1, 4096] (got ten)'),
     ("decode", {"max_history": 3, "exclude_seen": "yes"}, "field decode.exclude_seen must be true or false"),
+    ("decode", {"max_history": 3, "exclude_seen": "false"}, 'decode.exclude_seen must be true or false (got "false")'),
     ("source", {"model_step": "sft", "workdir": "/x\x00y"}, "field source.workdir must be a path"),
     ("source", {"model_step": "../../etc"}, "field source.model_step must be a step name"),
     ("sha256", {"items.parquet": "00"}, "field sha256 must map file names to hex sha256 digests"),

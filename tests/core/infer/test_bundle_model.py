@@ -88,6 +88,10 @@ def test_the_exported_bundle_passes_and_answers(b):
     ({"num_hidden_layers": "2"}, "num_hidden_layers must be an integer"),
     ({"tie_word_embeddings": None}, "tie_word_embeddings must be true or false"),
     ({"rms_norm_eps": 1e308}, "rms_norm_eps must be a number in (0, 1)"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_parameters.rope_theta must be a positive"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}}, "rope_parameters.rope_theta must be"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1e4}}, "rope_parameters.rope_theta must be"),
+    ({"rope_parameters": "fast"}, "rope_parameters must be an object"),
 ])
 def test_a_config_that_is_not_the_weights_is_refused_before_loading(b, fields, says):
     edit_config(b, **fields)
@@ -161,6 +165,21 @@ def test_a_workdirs_model_goes_through_the_same_check(trained_small, tmp_path):
     assert "config.json implies" in error and "they would be random" in error, error
 
 
+def test_every_step_that_loads_a_workdirs_model_checks_it(trained_small, tmp_path):
+    """eval (and export, sft, rl, profile, probe: every step handed a model step's folder) refuses a model whose
+    config.json implies layers its weights lack, naming the folder and the command that rewrites it."""
+    from helpers.workdirs import EVAL, refused
+
+    wd = tmp_path / "work"
+    shutil.copytree(trained_small / "work", wd)
+    config = wd / "sft" / "model" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": 6}))
+    for args in (EVAL, ["export", str(tmp_path / "bundle")]):
+        error = refused(wd, *args, names=[wd / "sft" / "model", "they would be random", "gencli sft --force"])
+        assert error.count("config.json implies") == 1
+    assert not (tmp_path / "bundle").exists() and not (wd / "eval").exists()
+
+
 @pytest.mark.parametrize("kind, extra", [("qwen3", {}), ("qwen3", {"tie_word_embeddings": True}), ("qwen2", {}),
                                          ("llama", {"attention_bias": True, "mlp_bias": True})])
 def test_the_expected_tensors_are_the_lean_decoders_parameters(kind, extra):
@@ -186,3 +205,30 @@ def test_sharded_weights_are_read_header_by_header(tmp_path):
     save_file({}, str(tmp_path / shards[0]))
     [problem] = model_problems(tmp_path)
     assert problem.startswith("the weights lack ") and "they would be random" in problem
+
+
+def test_a_stray_weight_file_beside_checked_shards_is_refused(b):
+    """Valid shards and their index pass the header check; a re-signed model.safetensors beside them lacking a layer
+    would be what transformers loads (a partly random model): refused, naming it."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(b / "model" / "model.safetensors"))
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(b / "model" / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (b / "model" / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, str(b / "model" / "model.safetensors"),
+              metadata={"format": "pt"})
+    resign(b, "model/model.safetensors", "model/model.safetensors.index.json", *(f"model/{s}" for s in shards))
+    refused_by_recommend(b, "model.safetensors", "beside those the index names")
+    with pytest.raises(ArtifactError, match="one set of weights"):
+        Recommender.load(b)
+    (b / "model" / "model.safetensors").unlink()
+    meta = json.loads((b / bundle.BUNDLE_JSON).read_text())
+    del meta["files"]["model/model.safetensors"], meta["sha256"]["model/model.safetensors"]
+    meta[CHECKSUM] = manifest_digest(meta)
+    (b / bundle.BUNDLE_JSON).write_text(json.dumps(meta))
+    assert len(Recommender.load(b).recommend(["i001"], k=3)) == 3  # the shards alone: checked and loaded

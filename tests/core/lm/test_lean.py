@@ -43,10 +43,16 @@ def saved(tmp_path, family: str, seed: int = 3):
 
 
 def transformers_model(folder):
-    """transformers' own load of the folder (sdpa attention, as gencli's loader; these folders hold no tokenizer)."""
+    """transformers' own load of the folder (sdpa attention, as gencli's loader; these folders hold no tokenizer), its
+    weights in memory as gencli's loader holds them (a mapped file's tensors sit at other alignments, which changes
+    the last bit of some sums)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    from gencli.core.lm.weights import detach_from_files
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    detach_from_files(model)
+    return model
 
 
 def catalog(n: int = 150, seed: int = 5) -> np.ndarray:
