@@ -1,9 +1,9 @@
 """README's numbers against a workdir of README's main job: every number README's section "The main job, measured"
-states (sft's epochs, steps and best checkpoint, rl's steps, prompts and whose model it kept, the table's served
+states (sft's epochs, steps and best checkpoint, the table's served
 test Recall@10 and NDCG@10 and cold cohort Recall@10 of gencli under both seen-item policies, the model alone, the
 content nearest-neighbour and popularity, and the visitor without history) is read FROM README.md, so a re-measured
 README is checked as it is written, and compared with what the workdir recorded (eval/metrics.json,
-cold-eval/metrics.json, sft/step.json, rl/step.json). The times it states are the machine's, not checked.
+cold-eval/metrics.json, sft/step.json). The times it states are the machine's, not checked.
 
 Tolerance: none. At ``--threads 1`` the main job is deterministic, so each recorded value, written with README's
 digits (4 decimals, or a whole number), must be README's string exactly.
@@ -34,7 +34,6 @@ def row(label: str) -> str:
 # README's sentences and table rows, whitespace folded to one space; each group is one number, named in NAMES in order
 SENTENCES = (
     r"patience stopped it at (\d+) epochs, (\d+) steps\. Its best checkpoint \(step (\d+)",
-    r"trains (\d+) steps on (\d+) prompts \(the latest 2 training targets of each user\) and keeps (sft|rl)'s model",
     row("gencli"),
     row("gencli, seen items ranked (the usual protocol)"),
     row("the model alone"),
@@ -44,7 +43,6 @@ SENTENCES = (
 )
 NAMES = (
     ("sft epochs", "sft steps", "sft best checkpoint"),
-    ("rl steps", "rl prompts", "rl kept"),
     ("served R@10", "served N@10", "cold served R@10"),
     ("seen ranked R@10", "seen ranked N@10", "cold seen ranked R@10"),
     ("model alone R@10", "model alone N@10", "cold model alone R@10"),
@@ -82,10 +80,8 @@ def recorded(workdir: Path) -> dict[str, float | int | str]:
 
     ev, cold = read(workdir / "eval" / "metrics.json"), read(workdir / "cold-eval" / "metrics.json")
     sft = read(workdir / "sft" / "step.json")["metrics"]
-    rl = read(workdir / "rl" / "step.json")["metrics"]
     out: dict[str, float | int | str] = {"sft epochs": sft["epochs"], "sft steps": sft["steps"],
-                                         "sft best checkpoint": sft["peak_step"], "rl steps": rl["steps"],
-                                         "rl prompts": rl["prompts"], "rl kept": rl["kept"]}
+                                         "sft best checkpoint": sft["peak_step"]}
     for label, served in (("served", True), ("seen ranked", False)):
         block = ev["served" if served else "seen_ranked"]
         out |= {f"{label} R@10": block["recall@10"], f"{label} N@10": block["ndcg@10"],

@@ -115,7 +115,7 @@ def notes(first: str, ranking: Any, both: bool, where: str | None, legend: bool 
                                                                  first == SEEN_RANKED else "")] if legend else []
     ranked = f"gencli = {blend_text(ranking)}" if isinstance(ranking, dict) else ""
     if legend or ranked:
-        lines.append("; ".join(x for x in ("R@K Recall@K, N@K NDCG@K" if legend else "", ranked) if x))
+        lines.append("; ".join(x for x in ("R/N@K Recall/NDCG@K" if legend else "", ranked) if x))
     lines.append(f"every metric: --verbose or {where}/metrics.json" if where else "every metric: --verbose")
     return "\n".join(lines)
 
@@ -126,8 +126,8 @@ def blend_text(ranking: dict[str, Any]) -> str:
     if weight >= 1.0:
         return "the model alone"
     boost = float(ranking.get("cold", 0.0))
-    return (f"blend of model {weight:.2g}, prefix {prefix:.2g}, content {max(0.0, 1 - weight - prefix):.2g}"
-            + (f", text boost {boost:g} for rarely seen items" if boost else ""))
+    return (f"model {weight:.2g} + prefix {prefix:.2g} + content {max(0.0, 1 - weight - prefix):.2g}"
+            + (f", text boost {boost:g}" if boost else ""))
 
 
 def _short(key: str) -> str:

@@ -23,10 +23,9 @@ def check(monkeypatch):
 
 def test_it_reads_every_number_of_readmes_main_job_section(check):
     stated = check.parse((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert list(stated) == [name for names in check.NAMES for name in names] and len(stated) == 23
-    assert all(v.isdigit() for k, v in stated.items() if k.startswith("sft ") or k in ("rl steps", "rl prompts"))
-    assert stated["rl kept"] in ("sft", "rl")
-    assert all(len(v) == 6 and v[1] == "." for k, v in stated.items() if not k.startswith(("sft ", "rl ")))
+    assert list(stated) == [name for names in check.NAMES for name in names] and len(stated) == 20
+    assert all(v.isdigit() for k, v in stated.items() if k.startswith("sft "))
+    assert all(len(v) == 6 and v[1] == "." for k, v in stated.items() if not k.startswith("sft "))
 
 
 def test_the_numbers_follow_readme_and_changed_wording_is_an_error_naming_the_fix(check):
@@ -53,18 +52,16 @@ def _workdir(root: Path) -> Path:
         "recall@10": 0.26437}, "popularity_baseline": {"recall@10": 0.0}},
             "served": {"recall@10": 0.413793}, "seen_ranked": {"recall@10": 0.275862}}
     for step, name, data in (("eval", "metrics.json", ev), ("cold-eval", "metrics.json", cold),
-                             ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610}}),
-                             ("rl", "step.json", {"metrics": {"steps": 50, "prompts": 1600, "kept": "sft"}})):
+                             ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610}})):
         (root / step).mkdir(parents=True)
         (root / step / name).write_text(json.dumps(data))
     return root
 
 
-MEASURED = ["7", "854", "610", "50", "1600", "sft", "0.2737", "0.1431", "0.4138", "0.2700", "0.1311", "0.2759", "0.2263", "0.1196",
+MEASURED = ["7", "854", "610", "0.2737", "0.1431", "0.4138", "0.2700", "0.1311", "0.2759", "0.2263", "0.1196",
             "0.0000", "0.1963", "0.0962", "0.2644", "0.0238", "0.0093", "0.0000", "0.0275", "0.0275"]
 PARAGRAPH = """- **sft** trains to the plateau: patience stopped it at {} epochs, {} steps. Its best checkpoint (step {}) stays
   the model.
-- **rl** trains {} steps on {} prompts (the latest 2 training targets of each user) and keeps {}'s model.
 
 | ranking | Recall@10 | NDCG@10 | cold cohort Recall@10 |
 | --- | ---: | ---: | ---: |
@@ -85,8 +82,8 @@ def test_a_workdir_is_compared_at_readmes_digits_and_one_differing_number_fails(
     readme.write_text(PARAGRAPH.format(*MEASURED))
     run = [sys.executable, str(ROOT / "bench" / "readme_check.py"), str(work), "--readme", str(readme)]
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "23 of 23 numbers as README states" in done.stdout, done.stdout
-    readme.write_text(PARAGRAPH.format(*MEASURED[:7], "0.1432", *MEASURED[8:]))  # one number re-measured
+    assert done.returncode == 0 and "20 of 20 numbers as README states" in done.stdout, done.stdout
+    readme.write_text(PARAGRAPH.format(*MEASURED[:4], "0.1432", *MEASURED[5:]))  # one number re-measured
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout.rstrip().endswith("differ: served N@10"), done.stdout
     assert "| served N@10 | 0.1432 | 0.1431 | DIFFERS |" in done.stdout

@@ -152,6 +152,15 @@ def test_a_cut_short_or_empty_embeddings_file_is_exit_2(wd, short):
     refused(wd, "quantize", "--levels", "2", "--codes", "4", "--force", names=[path, "gencli embed --force"])
 
 
+@pytest.mark.parametrize("command", [[*EVAL, "--force"], ["recommend", "--force"], ["export", "--force"]])
+def test_a_cut_short_lexical_file_is_exit_2_for_every_reader(wd, command):
+    path = wd / "embed" / "lexical.npz"
+    cut(path)
+    if command[0] == "export":
+        command = [command[0], str(wd.parent / "bundle2"), command[1]]
+    refused(wd, *command, names=[path, "gencli embed --force"])
+
+
 def _blank_text(src, dst, rows):
     """Copy items.csv with title, category and description emptied in the given data rows (0-based)."""
     with open(src, newline="", encoding="utf-8") as f:

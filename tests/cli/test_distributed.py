@@ -213,7 +213,7 @@ def test_embed_on_two_processes_writes_the_one_process_matrix(small_sample, tmp_
     assert two["status"] == "done" and two["metrics"]["items_encoded"] == one["items"] == 37
     assert (multi / "embed" / "embeddings.npy").read_bytes() == (single / "embed" / "embeddings.npy").read_bytes()
     assert (multi / "embed" / "embed_info.json").read_text() == (single / "embed" / "embed_info.json").read_text()
-    assert sorted(p.name for p in (multi / "embed").iterdir()) == ["embed_info.json", "embeddings.npy", "step.json"]
+    assert sorted(p.name for p in (multi / "embed").iterdir()) == ["embed_info.json", "embeddings.npy", "lexical.npz", "step.json"]
     assert ok(gencli(args, multi, scratch, nproc=2))["status"] == "up-to-date"
     assert not list(scratch.glob("gencli-rank*"))
 

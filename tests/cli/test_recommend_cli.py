@@ -240,6 +240,13 @@ def test_a_bundle_scores_every_user_as_its_workdir_does(trained, catalog, tmp_pa
     assert _run(trained, "export", str(out), "--json").exit_code == 0
     meta = json.loads((out / "gencli.json").read_text())
     assert "users.parquet" in meta["files"] and "users.parquet" in meta["sha256"]
+    assert "lexical.npz" in meta["sha256"]  # the text's word-match side travels, mixed as sft fitted it
+    assert (out / "lexical.npz").read_bytes() == (trained / "embed" / "lexical.npz").read_bytes()
+    from gencli.core.infer.recommend import Recommender
+
+    scorer = Recommender.load(out).ranker.scorer
+    fitted = json.loads((trained / "sft" / "blend.json").read_text())["text"]["dense_share"]
+    assert scorer.lexical is not None and scorer.dense_share == fitted
     r = _run(trained, "recommend", "--output", str(tmp_path / "workdir.parquet"), "--k", "4")
     assert r.exit_code == 0, r.output
     r = _bundle(out, "--output", str(tmp_path / "bundle.parquet"), "--k", "4")

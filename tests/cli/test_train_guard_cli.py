@@ -38,7 +38,7 @@ def test_a_diverged_sft_keeps_the_previous_model_and_leaves_a_resumable_state(wd
     assert r.exit_code == EXIT_FAILED and p["exit_code"] == EXIT_FAILED, r.output
     error = p["error"]
     assert error.startswith("sft diverged at iteration ") and " of 30: " in error
-    assert "the previous sft model and its manifest entry stay as they were" in error
+    assert "the workdir is as it was before this run (the sft model of an earlier run" in error
     assert "learning rate (--lr 1e+06" in error and "rerun with a lower --lr and --force" in error
     assert "Traceback" not in r.output
     assert _tree(wd / "sft") == model_before  # the good model is still the step's output

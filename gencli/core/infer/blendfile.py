@@ -113,16 +113,16 @@ class BlendFile:
         if prior is not None and not isinstance(prior, dict):
             raise ValueError(f"{where}: prior must be an object, got {str(prior)[:200]}")
         return cls(read_blends(record.get("blends"), where), read_history_blends(record.get("by_history"), where),
-                   fit, prior, read_share(record.get("text"), where, "text", "dense_share", 1.0),
-                   read_share(record.get("repeats"), where, "repeats", "share", None))
+                   fit, prior, read_share(record.get("text"), where, "text", "dense_share"),
+                   read_share(record.get("repeats"), where, "repeats", "share"))
 
 
-def read_share(record: object, where: str, field: str, key: str, upper: float | None) -> dict[str, Any] | None:
+def read_share(record: object, where: str, field: str, key: str) -> dict[str, Any] | None:
     """blend.json's ``text`` or ``repeats`` record: an object whose ``key`` is a number in [0, 1] (None when absent)."""
     if record is None:
         return None
     value = record.get(key) if isinstance(record, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= (upper or 1.0):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{where}: {field}.{key} must be a number in [0, 1], got {str(record)[:200]}")
     return record
 

@@ -26,9 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gencli.core.data.lexical import TermWeights
 
 CONTENT_WINDOW = 10  # history items in the content profile, the newest ones
 CONTENT_DECAY = 0.8  # weight of each older item relative to the next newer one
@@ -95,18 +98,17 @@ MODEL_ONLY = Blend(1.0)
 
 class ContentScorer:
     """Cosines of every catalog item with a user's content profile, from the dense ``embeddings`` ([n_items, dim],
-    row = item) and, when given, the ``lexical`` BM25 rows (SciPy CSR [n_items, n_terms],
-    :mod:`gencli.core.data.lexical`): ``dense_share`` x the dense cosine + the rest x the lexical one. Each side's
+    row = item) and, when given, the ``lexical`` BM25 rows (:class:`gencli.core.data.lexical.TermWeights`): ``dense_share`` x the dense cosine + the rest x the lexical one. Each side's
     profile is the recency-weighted sum of the history's rows, L2-normalised."""
 
     def __init__(self, embeddings: np.ndarray, window: int = CONTENT_WINDOW, decay: float = CONTENT_DECAY,
-                 lexical: Any = None, dense_share: float = 1.0):
+                 lexical: TermWeights | None = None, dense_share: float = 1.0):
         emb = np.asarray(embeddings, dtype=np.float32)
         if emb.ndim != 2 or emb.shape[0] == 0 or emb.shape[1] == 0:
             raise ValueError(f"item embeddings must be a non-empty [n_items, dim] matrix (got shape {emb.shape})")
         if not np.isfinite(emb).all():
             raise ValueError("item embeddings hold NaN or infinite values; rerun gencli embed")
-        if lexical is not None and lexical.shape[0] != emb.shape[0]:
+        if lexical is not None and lexical.shape[0] != emb.shape[0]:  # a lexical.TermWeights
             raise ValueError(f"the lexical vectors have {lexical.shape[0]} rows but the embeddings {emb.shape[0]}; "
                              "rerun gencli embed")
         if not 0.0 <= dense_share <= 1.0:
@@ -114,7 +116,7 @@ class ContentScorer:
         norms = np.linalg.norm(emb, axis=1, keepdims=True)
         self.embeddings = np.where(norms > 1e-12, emb / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
         self.window, self.decay = window, decay
-        self.lexical = None if lexical is None else lexical.tocsr().astype(np.float32)
+        self.lexical = lexical
         self.dense_share = 1.0 if lexical is None else float(dense_share)
 
     def __len__(self) -> int:
@@ -126,35 +128,25 @@ class ContentScorer:
         out.__dict__.update(self.__dict__, dense_share=float(dense_share) if self.lexical is not None else 1.0)
         return out
 
-    def weights(self, histories: Sequence[Sequence[int]]) -> Any:
-        """[U, n_items] CSR: row u holds decay ** age on user u's last ``window`` history items (repeats add up)."""
-        import scipy.sparse as sp
-
-        rows, cols, vals = [], [], []
-        for row, history in enumerate(histories):
-            recent = list(history)[-self.window:]
-            rows += [row] * len(recent)
-            cols += recent
-            vals += list(self.decay ** np.arange(len(recent) - 1, -1, -1, dtype=np.float64))
-        return sp.csr_matrix((np.asarray(vals, np.float32), (np.asarray(rows, np.int64), np.asarray(cols, np.int64))),
-                             shape=(len(histories), len(self)))
+    def recent(self, histories: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(each user's last ``window`` history items, their weights decay ** age, the newest 1)."""
+        items = [np.asarray(list(history)[-self.window:], dtype=np.int64) for history in histories]
+        return items, [self.decay ** np.arange(r.size - 1, -1, -1, dtype=np.float64) for r in items]
 
     def profiles(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
         """[U, dim] unit dense profiles (a zero row for an empty history)."""
-        return _unit_rows(np.asarray(self.weights(histories) @ self.embeddings, dtype=np.float32))
+        out = np.zeros((len(histories), self.embeddings.shape[1]), dtype=np.float32)
+        for row, (items, weights) in enumerate(zip(*self.recent(histories), strict=True)):
+            if items.size:
+                out[row] = weights @ self.embeddings[items]
+        return _unit_rows(out)
 
     def sides(self, histories: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray | None]:
         """([U, n_items] dense cosines, [U, n_items] lexical cosines or None without a lexical side)."""
-        weights = self.weights(histories)
-        dense = _unit_rows(np.asarray(weights @ self.embeddings, dtype=np.float32)) @ self.embeddings.T
+        dense = self.profiles(histories) @ self.embeddings.T
         if self.lexical is None:
             return dense, None
-        import scipy.sparse as sp
-
-        profile = (weights @ self.lexical).tocsr()
-        norms = np.sqrt(np.asarray(profile.multiply(profile).sum(axis=1), dtype=np.float64)).ravel()
-        profile = sp.diags(np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0).astype(np.float32)) @ profile
-        return dense, np.asarray((profile @ self.lexical.T).toarray(), dtype=np.float32)
+        return dense, self.lexical.cosines(*self.recent(histories))
 
     def cosines(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
         """[U, n_items] float32 text score of every item for each user: the dense cosine, mixed with the lexical one

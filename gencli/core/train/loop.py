@@ -344,7 +344,8 @@ class _Run:
                      "and --force")
         return TrainingDiverged(
             f"{step} diverged at iteration {iteration} of {self.state.max_steps}: {what}. No weights of it were "
-            f"saved and nothing was committed: the previous {step} model and its manifest entry stay as they were. "
+            f"saved and nothing was committed: the workdir is as it was before this run (the {step} model of an "
+            "earlier run, where there is one, stays with its manifest entry). "
             f"The likely cause is {cause}; {rerun}")
 
     def _write_checkpoint(self, path: Path) -> None:

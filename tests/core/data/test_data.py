@@ -44,6 +44,21 @@ def test_item_text_unknown_column_names_it_and_lists_available():
     assert "'brand'" in message and "available: item_idx, item_id, title, category, description" in message
 
 
+def test_an_optional_field_is_dropped_where_the_column_is_absent_and_kept_where_present():
+    template = "{title}. {brand?}. {category}"
+    assert item_text(ITEMS.head(2), template) == ["Trail Shoe. running", "Kettle"]  # no brand column
+    branded = ITEMS.head(2).with_columns(pl.Series("brand", ["Fellside", None]))
+    assert item_text(branded, template) == ["Trail Shoe. Fellside. running", "Kettle"]
+
+
+def test_repeat_targets_counts_targets_already_in_the_users_sequence():
+    from gencli.core.data.tables import repeat_targets
+
+    train = pl.DataFrame({"user_idx": [0, 1, 2], "sequence": [[1, 2, 1], [3, 3], [4]]},
+                         schema={"user_idx": pl.Int32, "sequence": pl.List(pl.Int32)})
+    assert repeat_targets(train) == (2, 3)  # 2 -> no, 1 -> yes (seen at 0), 3 -> yes; a lone item is no target
+
+
 def test_train_target_counts_skip_first_element():
     train = pl.DataFrame(
         {"user_idx": [0, 1, 2], "sequence": [[3, 1, 1, 0], [1], [2, 3]]},

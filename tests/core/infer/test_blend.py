@@ -32,6 +32,45 @@ def test_profile_is_the_recency_weighted_mean_of_the_last_items():
     assert (cos[1] == 0).all()  # an empty history has no profile
 
 
+def _one_term_each(terms: list[int], n_terms: int):
+    from gencli.core.data.lexical import TermWeights
+
+    return TermWeights(np.ones(len(terms), np.float32), np.asarray(terms), np.arange(len(terms) + 1), n_terms)
+
+
+def test_the_text_score_mixes_the_dense_and_the_lexical_cosines_by_the_dense_share():
+    emb = np.array([[1, 0], [0, 1], [1, 0.1]], dtype=np.float32)
+    words = _one_term_each([0, 0, 1], 2)  # items 0 and 1 share a word, item 2 has another
+    scorer = ContentScorer(emb, lexical=words, dense_share=0.25)
+    dense, lexical = scorer.sides([[0]])
+    assert dense[0] == pytest.approx([1.0, 0.0, 1 / math.sqrt(1.01)]) and lexical[0] == pytest.approx([1, 1, 0])
+    assert scorer.cosines([[0]])[0] == pytest.approx(0.25 * dense[0] + 0.75 * lexical[0])
+    assert scorer.with_share(1.0).cosines([[0]])[0] == pytest.approx(dense[0])
+    assert ContentScorer(emb).with_share(0.3).dense_share == 1.0  # no lexical side: dense alone
+    with pytest.raises(ValueError, match="have 2 rows but the embeddings 3"):
+        ContentScorer(emb, lexical=_one_term_each([0, 1], 2))
+
+
+def test_the_dense_share_is_the_largest_that_still_ranks_the_word_match_first():
+    from gencli.core.infer.content import fit_dense_share
+
+    # history [0], target 1: the lexical side scores it 1 - s, item 2 gets s x 0.995 from the dense side, so the
+    # target leads while s < 1 / (1 + 0.995) = 0.501: 0.5 is the largest share on the grid (ties: the larger)
+    emb = np.array([[1, 0], [0, 1], [1, 0.1]], dtype=np.float32)
+    scorer = ContentScorer(emb, lexical=_one_term_each([0, 0, 1], 2))
+    share, table = fit_dense_share(scorer, [[0]], np.array([1]), k=1)
+    assert share == 0.5 and len(table) == 11
+    assert [row["recall@1"] for row in table] == [1.0] * 6 + [0.0] * 5
+    assert fit_dense_share(ContentScorer(emb), [[0]], np.array([1])) == (1.0, [])
+
+
+@pytest.mark.parametrize("repeats, exclude_seen, masked", [
+    (None, False, False), (None, True, True), (0.004, False, True), (0.02, False, False), (0.02, True, True)])
+def test_seen_items_are_masked_where_training_shows_users_do_not_repeat(repeats, exclude_seen, masked):
+    ranker = B.Ranker(ContentScorer(np.eye(3, dtype=np.float32)), np.zeros(3, np.int64), repeats=repeats)
+    assert ranker.masks(exclude_seen) is masked
+
+
 def test_top_by_score_breaks_ties_by_index_and_never_returns_minus_inf():
     scores = np.array([[0.1, 0.5, 0.5, -np.inf, 0.5], [-np.inf, -np.inf, 0.2, -np.inf, -np.inf]])
     assert top_by_score(scores, 3).tolist() == [[1, 2, 4], [2, -1, -1]]

@@ -27,6 +27,17 @@ def test_a_record_round_trips_byte_for_byte(tmp_path):
     assert again.score("include_seen") is None  # the file holds no score for it
 
 
+def test_the_text_mix_and_the_repeats_record_round_trip_and_default_when_absent(tmp_path):
+    text = {"dense_share": 0.3, "users": 8, "objective": "recall@10 + ndcg@10", "policy": "exclude_seen", "grid": []}
+    repeats = {"share": 0.004, "floor": 0.01, "seen_masked": True}
+    record = BlendFile(BLENDS, None, FIT, None, text, repeats)
+    record.write(tmp_path)
+    again = BlendFile.read(tmp_path / artifacts.BLEND)
+    assert again == record and again.dense_share == 0.3 and again.repeat_share == 0.004
+    plain = BlendFile(BLENDS)
+    assert plain.dense_share == 1.0 and plain.repeat_share is None  # a file from before: dense alone, seen ranked
+
+
 def test_a_file_without_fit_or_history_blends_reads_as_a_bundle_made_by_hand(tmp_path):
     path = tmp_path / artifacts.BLEND
     path.write_text(json.dumps({"blends": {p: b.to_dict() for p, b in BLENDS.items()}}), encoding="utf-8")
@@ -41,6 +52,10 @@ def test_a_file_without_fit_or_history_blends_reads_as_a_bundle_made_by_hand(tmp
     ({"blends": {p: {"weight": 1} for p in BLENDS}, "by_history": {"x": {}}}, "by_history must map"),
     ({"blends": {p: {"weight": 1} for p in BLENDS}, "fit": {"valid": {}}}, "fit.valid.blend must be an object"),
     ({"blends": {p: {"weight": 1} for p in BLENDS}, "prior": 3}, "prior must be an object"),
+    ({"blends": {p: {"weight": 1} for p in BLENDS}, "text": {"dense_share": 1.5}}, r"text.dense_share must be"),
+    ({"blends": {p: {"weight": 1} for p in BLENDS}, "text": 0.5}, r"text.dense_share must be"),
+    ({"blends": {p: {"weight": 1} for p in BLENDS}, "repeats": {"share": "x"}}, r"repeats.share must be"),
+    ({"blends": {p: {"weight": 1} for p in BLENDS}, "repeats": {"share": True}}, r"repeats.share must be"),
 ])
 def test_a_damaged_record_is_refused_naming_the_file_and_the_field(tmp_path, record, field):
     path = tmp_path / artifacts.BLEND

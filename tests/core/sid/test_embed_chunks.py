@@ -80,7 +80,7 @@ def test_chunks_give_the_bits_of_encoding_each_chunk_then_normalising_all_at_onc
     got = np.load(tmp_path / "embeddings.npy")
     np.testing.assert_array_equal(got, unit_rows(raw(TEXTS, CHUNK), dim))
     assert metrics["items_encoded"] == 12 and metrics["items_resumed"] == 0 and metrics["items_per_s"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["embed_info.json", "embeddings.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embed_info.json", "embeddings.npy", "lexical.npz"]
 
 
 def test_the_default_chunk_is_one_encoder_call_on_a_small_catalog_as_before(raw, tmp_path):
@@ -97,7 +97,7 @@ def test_an_interrupted_run_continues_after_its_last_saved_chunk(raw, tmp_path):
     metrics = embed.run(cfg(), TEXTS, tmp_path, resume=True)
     assert metrics["items_resumed"] == 2 * CHUNK and metrics["items_encoded"] == 12
     np.testing.assert_array_equal(np.load(tmp_path / "embeddings.npy"), unit_rows(raw(TEXTS, CHUNK)))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["embed_info.json", "embeddings.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embed_info.json", "embeddings.npy", "lexical.npz"]
 
 
 @pytest.mark.parametrize("change", ["dim", "batch_size", "chunk_size", "texts", "no-resume"])

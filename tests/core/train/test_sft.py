@@ -146,16 +146,12 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
                    if json.loads(ln)["kind"] == "valid"]
     assert len(valid_lines) == 3 and all("blend_weight" in ln and "model_recall@5" in ln for ln in valid_lines)
     # a resumed run has not seen every validation: it decodes the saved best model again, and fits the same blend
-    from gencli.core.infer.blend import Ranker, first_groups
-    from gencli.core.infer.content import ContentScorer
+    from gencli.core.train.validation import content_ranker
 
     vocab = load_sid_vocab(vocab_path)
     tokens = item_token_ids(CODES, vocab)
-    from gencli.core.data.tables import train_target_counts
-
     fresh = Validation(valid, tokens, vocab, cfg.validation, torch.device("cpu"), max_history=cfg.max_history,
-                       batch_size=cfg.loop.batch_size, ranker=Ranker(ContentScorer(emb), first_groups(tokens),
-                                                                     counts=train_target_counts(train, len(tokens))))
+                       batch_size=cfg.loop.batch_size, ranker=content_ranker(emb, tokens, train))
     again, stats = fresh.final_blend(tmp_path / "whole" / artifacts.MODEL_DIR, evals=3, best=whole["peak_ndcg@10"])
     assert again.to_json() == (tmp_path / "whole" / artifacts.BLEND).read_text() and json.loads(again.to_json()) == record
     assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()
