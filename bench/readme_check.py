@@ -33,7 +33,7 @@ def row(label: str) -> str:
 
 # README's sentences and table rows, whitespace folded to one space; each group is one number, named in NAMES in order
 SENTENCES = (
-    r"patience stopped it at (\d+) epochs, (\d+) steps\. Its best checkpoint \(step (\d+)",
+    r"(\d+) epochs, (\d+) steps\. Its best checkpoint \(step (\d+)",
     row("gencli"),
     row("gencli, seen items ranked (the usual protocol)"),
     row("the model alone"),

@@ -183,8 +183,9 @@ class ValidationConfig:
     eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, above that a subsample of N "
                                          "that is the same for every --seed (0 = all).")
     eval_beams: int = option(10, "Beam width of the validation search (>= 10: NDCG@10).")
-    patience: int = option(PATIENCE, "Stop after N validations in a row without a new best (sft and rl: NDCG@10 "
-                                     "of the served ranking; 0 = off).")
+    patience: int = option(PATIENCE, "Stop after N validations in a row below the best by more than the "
+                                     "validation's noise (sft and rl: NDCG@10 of the served ranking, noise its "
+                                     "standard error on the validation users; 0 = off).")
     average: int = option(AVERAGE, "Average the best checkpoint with up to N - 1 other validated checkpoints still on "
                                    "disk (--keep-checkpoints), best first, each kept only when validation does not "
                                    "fall (1 = the best checkpoint alone).")

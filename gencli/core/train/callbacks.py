@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,14 +65,25 @@ class StepPlan:
 class EarlyStopping:
     """Stops after ``patience`` evaluations in a row without a new best, but never before ``min_evals``
     evaluations nor while the model is still on the frequency-only plateau (an evaluation's ``left_plateau``
-    false, :mod:`gencli.core.train.plateau`; once left, it stays left). A stop it held back is counted."""
+    false, :mod:`gencli.core.train.plateau`; once left, it stays left). A stop it held back is counted.
+
+    An evaluation that falls short of the best by no more than its ``noise`` (the validation's standard error,
+    when it reports one) is no evidence the model got worse: it neither counts toward patience nor resets it
+    (``within_noise`` counts them). So a plateau measured on few users no longer ends the schedule early on a
+    difference of .0001; a real decline still does."""
 
     def __init__(self, patience: int, min_evals: int = 0):
-        self.patience, self.min_evals, self.bad_evals, self.held = patience, min_evals, 0, 0
+        self.patience, self.min_evals, self.bad_evals, self.held, self.within = patience, min_evals, 0, 0, 0
         self.left_step: int | None = None
 
     def on_evaluate(self, state: TrainState, control: Control, metrics: dict[str, Any]) -> None:
-        self.bad_evals = 0 if metrics.get("is_best") else self.bad_evals + 1
+        noise = float(metrics.get("noise") or 0.0)
+        if metrics.get("is_best"):
+            self.bad_evals = 0
+        elif noise > 0 and float(metrics.get("behind_best", math.inf)) <= noise:
+            self.within += 1
+        else:
+            self.bad_evals += 1
         if self.left_step is None and metrics.get("left_plateau", True):
             self.left_step = state.global_step
         if self.patience > 0 and self.bad_evals >= self.patience:
@@ -83,14 +95,16 @@ class EarlyStopping:
             state.stop_reason = "patience"
 
     def plateau_record(self) -> dict[str, Any]:
-        """For the step's metrics: when the model left the plateau and how many stops waited for it."""
-        return {"left_step": self.left_step, "held_stops": self.held}
+        """For the step's metrics: when the model left the plateau, how many stops waited for it, and how many
+        evaluations fell within the noise of the best."""
+        return {"left_step": self.left_step, "held_stops": self.held, "within_noise": self.within}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"bad_evals": self.bad_evals, "held": self.held, "left_step": self.left_step}
+        return {"bad_evals": self.bad_evals, "held": self.held, "left_step": self.left_step, "within": self.within}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.bad_evals, self.held, self.left_step = int(d["bad_evals"]), int(d.get("held", 0)), d.get("left_step")
+        self.within = int(d.get("within", 0))
 
 
 class TimeLimit:

@@ -296,12 +296,13 @@ class _Run:
         set_rng_state(rng)
         value = float(metrics[metric])
         is_best = state.best_metric is None or value > state.best_metric
+        behind = 0.0 if is_best else state.best_metric - value
         if is_best:
             state.best_metric, state.best_step = value, state.global_step
             if dist.is_main():
                 save_atomic(best_dir, self.save_model)
         record = {"kind": "valid", "step": state.global_step, "epoch": round(state.epoch_float, 4), **metrics,
-                  "is_best": is_best, "eval_time_s": round(time.perf_counter() - t0, 3)}
+                  "is_best": is_best, "behind_best": round(behind, 6), "eval_time_s": round(time.perf_counter() - t0, 3)}
         state.evals.append({"step": state.global_step, metric: value})
         fire(self.callbacks, "on_evaluate", state, control, metrics=record)
         return record

@@ -12,6 +12,7 @@ fitted on these users on a coarse grid (VALID_FIT_STEP); the model alone is repo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ class Validation:
         overall = result.metrics["overall"]
         out = {**{f"{m}@{k}": overall[f"{m}@{k}"] for m in ("recall", "ndcg") for k in self.ks},
                "users": len(self.evaluator.targets)}
+        out["noise"] = noise(out[self.metric], out["users"])
         if self.level_loss is not None:
             out["level_ce"] = [round(v, 6) for v in self.level_loss(model)]
             out["left_plateau"] = left_plateau(out["level_ce"], self.freq_ce)
@@ -157,6 +159,13 @@ def _scores(c, blend, targets: np.ndarray, cold: np.ndarray | None) -> dict[str,
             out[part][f"cold_recall@{FIT_K}"] = recall_at_k(ranks[cold], FIT_K)
             out[part][f"cold_ndcg@{FIT_K}"] = ndcg_at_k(ranks[cold], FIT_K)
     return out
+
+
+def noise(value: float, users: int) -> float:
+    """The standard error of a per-user metric in [0, 1] with mean ``value`` on ``users`` users, at its largest
+    (a user's x <= 1, so x^2 <= x and the variance <= value (1 - value)): how far two validations of one model may
+    differ by the users drawn alone. Early stopping reads it (:class:`gencli.core.train.callbacks.EarlyStopping`)."""
+    return round(math.sqrt(max(value * (1.0 - value), 0.0) / users), 6) if users > 0 else 0.0
 
 
 def content_ranker(embeddings: np.ndarray, item_tokens: np.ndarray, train: pl.DataFrame, lexical: Any = None,

@@ -72,9 +72,9 @@ def test_fit_validates_evals_per_epoch_times_an_epoch_and_at_the_end(tmp_path):
 def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path):
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
-    # a learning rate too small to change anything: validation is flat from the first evaluation, which patience
-    # alone would take for the peak; the model never leaves the plateau, so training runs to its epoch cap and the
-    # stops patience asked for are counted; the best checkpoint is still the model
+    # a learning rate too small to change anything: validation is flat from the first evaluation, every later one
+    # within its noise of the first, so patience never asks to stop (and the model never leaves the plateau):
+    # training runs to its epoch cap; the best checkpoint is still the model
     cfg = train_config(device="cpu", batch_size=8, lr=1e-9, eval_beams=10, average=1, min_evals=0, epochs=4)
     out = tmp_path / "sft"
     metrics = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, out)
@@ -85,7 +85,8 @@ def test_sft_does_not_stop_while_the_model_is_on_the_frequency_plateau(tmp_path)
     assert metrics["stop_reason"] == "epochs" and not metrics["stopped_early"]
     assert metrics["steps"] == metrics["max_steps"] == 4 * per_epoch
     evals = len(metrics["valid_curve"])
-    assert metrics["plateau"]["left_step"] is None and metrics["plateau"]["held_stops"] == evals - cfg.validation.patience
+    assert (metrics["plateau"]["left_step"], metrics["plateau"]["held_stops"], metrics["plateau"]["within_noise"]) == (
+        None, 0, evals - 1)
     assert metrics["peak_step"] == every  # nothing beat the first validation
     records = [json.loads(line) for line in (out / artifacts.METRICS_JSONL).read_text().splitlines()]
     valid_lines = [r for r in records if r["kind"] == "valid"]
@@ -120,6 +121,33 @@ def test_early_stopping_waits_for_min_evals_and_for_the_model_to_leave_the_plate
     restored = EarlyStopping(2, min_evals)
     restored.load_state_dict(stopping.state_dict())
     assert restored.state_dict() == stopping.state_dict()
+
+
+@pytest.mark.parametrize(("behind", "stops_at", "within"), [
+    ([0.0001, 0.0001, 0.0001, 0.0001], None, 4),  # within the noise (0.005): no evidence of a decline, never stops
+    ([0.01, 0.01, 0.01, 0.01], 3, 0),  # clearly below the best twice in a row: patience 2 stops at the 3rd
+    ([0.01, 0.001, 0.01, 0.01], 4, 1),  # an evaluation within the noise neither counts nor resets the count
+])
+def test_patience_counts_only_validations_below_the_best_by_more_than_the_noise(behind, stops_at, within):
+    from gencli.core.train.callbacks import Control, EarlyStopping, TrainState
+
+    stopping, state = EarlyStopping(2), TrainState(max_steps=100, batches_per_epoch=10)
+    stopped = None
+    for i, gap in enumerate([0.0, *behind], start=1):
+        state.global_step, control = i * 10, Control()
+        state.evals.append({"step": state.global_step, "ndcg@10": 0.05 - gap})
+        stopping.on_evaluate(state, control, {"is_best": i == 1, "behind_best": gap, "noise": 0.005})
+        if control.should_stop:
+            stopped = i
+            break
+    assert stopped == stops_at and stopping.plateau_record()["within_noise"] == within
+
+
+def test_the_noise_is_the_largest_standard_error_of_a_metric_in_0_1():
+    from gencli.core.train.validation import noise
+
+    assert noise(0.0528, 2000) == pytest.approx((0.0528 * 0.9472 / 2000) ** 0.5, abs=1e-6)  # about .005
+    assert noise(0.0, 100) == 0.0 and noise(0.5, 0) == 0.0
 
 
 def test_frequency_cross_entropy_is_add_one_smoothed_per_level():
