@@ -340,7 +340,7 @@ def _gencli_rows(args: argparse.Namespace, dataset: str, work: Path, init: str, 
                          **{m: overall[m] for m in METRICS}, **_cold_fields(cold_m), "users": overall["users"],
                          "seconds": round(seconds, 1), "decode_users_per_s": ev.get("users_per_s"),
                          "ranking": ev.get("ranking"), "model_step": ev.get("model_step"),
-                         "popularity_in_eval": ev.get("popularity_baseline"),
+                         "popularity_in_eval": ev.get("popularity_baseline"), "seen_masked": ev.get("seen_masked"),
                          "no_history": ev.get("no_history"), "by_history": ev.get("by_history"),
                          "sft": {k: sft.get(k) for k in SFT_KEYS},
                          **({"rl": {k: rl.get(k) for k in RL_KEYS}, "rl_seconds": round(rl_seconds, 1)}
@@ -454,7 +454,8 @@ def gencli_variants(args: argparse.Namespace, dataset: str, split: dict, digest:
                                train_config_defaults=defaults["TrainConfig"])
                     if row["method"].startswith("gencli"):
                         row["method"] += f" (defaults {defaults_digest})"
-                        check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity/{row['policy']}"])
+                        policy = "seen masked" if row.get("seen_masked") else row["policy"]  # no repeats: masked
+                        check_popularity(row, results["runs"][f"{dataset}/{digest}/popularity/{policy}"])
                     rows[f"{keys[variant]}/{row['method'].split(' (defaults')[0]}/{row['policy']}"] = row
             save_runs(args.out, results, rows)
             for k, row in rows.items():

@@ -321,6 +321,11 @@ def test_docs_formats_md_describes_metrics_json_as_eval_writes_it(trained):
     assert all(f"`{key}`" in row for key in written)  # every top-level key is named
     assert all(f"`{block}`" in row.split("`metrics`: the blocks", 1)[1] for block in written["metrics"])
     assert "overall" in json.loads((trained / "eval" / "step.json").read_text())["metrics"]
+    # whether the history was masked follows blend.json's repeats rule: a catalog whose users never repeat is masked
+    repeats = json.loads((trained / "sft" / "blend.json").read_text())["repeats"]
+    policies = {written["exclude_seen"]: written["seen_masked"],
+                written["other_policy"]["exclude_seen"]: written["other_policy"]["seen_masked"]}
+    assert policies == {True: True, False: repeats["seen_masked"]} and repeats["seen_masked"] == (repeats["share"] < 0.01)
 
 
 def test_a_visitor_without_history_gets_what_is_popular_lately_everywhere(trained, catalog, tmp_path):

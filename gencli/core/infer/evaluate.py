@@ -342,7 +342,8 @@ def other_policy(other: Evaluation, evaluator: Evaluator, train_counts: np.ndarr
         extra["by_history"] = by_history(other, evaluator.targets, evaluator.histories, other.exclude_seen,
                                          train_counts, {})["by_history"]
     return {POLICY_NAMES[other.exclude_seen]: other.metrics["overall"],
-            "other_policy": {"exclude_seen": other.exclude_seen, "ranking": (other.blend or MODEL_ONLY).to_dict(),
+            "other_policy": {"exclude_seen": other.exclude_seen, "seen_masked": evaluator.masks(other.exclude_seen),
+                             "ranking": (other.blend or MODEL_ONLY).to_dict(),
                              **other.metrics,
                              **{k: extra[k] for k in ("beyond_accuracy", "by_history") if k in extra}}}
 
@@ -352,6 +353,7 @@ def metrics_summary(cfg: EvalConfig, evaluator: Evaluator, result: Evaluation, e
     return {
         "split": cfg.split,
         "exclude_seen": cfg.exclude_seen,
+        "seen_masked": evaluator.masks(cfg.exclude_seen),  # also under seen ranked where users never repeat
         "ranking": (result.blend or MODEL_ONLY).to_dict(),  # weight 1: the model alone
         "beams": cfg.beams,
         "k": list(cfg.k),
