@@ -101,7 +101,8 @@ def evaluation_table(step: str, metrics: dict[str, Any], where: str | None = Non
         users_here = shown.get("users")
         table.add_row(label, f"{users_here:,}" if isinstance(users_here, int) else "",
                       *[_cell(block(source, path), key) for source, key in columns])
-    text = notes(first, blocks.get("ranking"), bool(others), where, legend)
+    ranked = metrics if not metrics.get("exclude_seen") else metrics.get("other_policy") or {}
+    text = notes(first, blocks.get("ranking"), bool(others), where, legend, bool(ranked.get("seen_masked")))
     blind = metrics.get("no_history") if detail and metrics.get("cohort_size") is None else None
     if isinstance(blind, dict) and all(isinstance(blind.get(m), dict) for m in ("gencli", "popularity")):
         text = (f"no history: gencli R@{k} {_cell(blind['gencli'], f'recall@{k}')}, "
@@ -109,10 +110,16 @@ def evaluation_table(step: str, metrics: dict[str, Any], where: str | None = Non
     return Group(table, Text(text))
 
 
-def notes(first: str, ranking: Any, both: bool, where: str | None, legend: bool = True) -> str:
-    """What the columns mean (``legend``), which ranking the first policy used, and where every metric is."""
-    lines = ["served: seen items masked, as recommend serves" + ("; seen ranked: the usual protocol" if both or
-                                                                 first == SEEN_RANKED else "")] if legend else []
+def notes(first: str, ranking: Any, both: bool, where: str | None, legend: bool = True,
+          ranked_masked: bool = False) -> str:
+    """What the columns mean (``legend``; ``ranked_masked``: the seen-ranked policy masked the history too, as
+    gencli does where training shows no repeats), which ranking the first policy used, and where every metric is."""
+    ranked = first == SEEN_RANKED or both
+    if ranked and ranked_masked:
+        head = "served: history masked; seen ranked: the usual protocol, masked too (no repeats)"
+    else:
+        head = "served: seen items masked, as recommend serves" + ("; seen ranked: the usual protocol" if ranked else "")
+    lines = [head] if legend else []
     ranked = f"gencli = {blend_text(ranking)}" if isinstance(ranking, dict) else ""
     if legend or ranked:
         lines.append("; ".join(x for x in ("R/N@K Recall/NDCG@K" if legend else "", ranked) if x))

@@ -113,8 +113,7 @@ class ContentScorer:
                              "rerun gencli embed")
         if not 0.0 <= dense_share <= 1.0:
             raise ValueError(f"the dense share of the text side must be in [0, 1] (got {dense_share})")
-        norms = np.linalg.norm(emb, axis=1, keepdims=True)
-        self.embeddings = np.where(norms > 1e-12, emb / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+        self.embeddings = _unit_rows(emb)
         self.window, self.decay = window, decay
         self.lexical = lexical
         self.dense_share = 1.0 if lexical is None else float(dense_share)
