@@ -211,12 +211,11 @@ def test_the_documented_nightly_script_on_two_nights_of_the_sample(sample_dir, t
     config = (sample_dir / "pipeline.toml").read_text()
     config = config.replace('items = "items.csv"', 'items = "export/items.csv"')
     config = config.replace('interactions = "interactions.csv"', 'interactions = "export/interactions.csv"')
-    # a short budget (this tests the plumbing): 30 sft steps, 4 rl steps, 100 validation users, 200 test users
+    # a short budget (this tests the plumbing): 30 sft steps, 100 validation users, 200 test users
     config = "promote-users = 100\n" + config.replace("[sft]\n", "[sft]\nmax-steps = 30\neval-users = 100\n")
-    config = config.replace("[rl]\n", "[rl]\nmax-steps = 4\neval-users = 100\n")
     for step in ("eval", "cold-eval"):
         config = config.replace(f"[{step}]\n", f"[{step}]\nmax-users = 200\n")
-    assert "export/items.csv" in config and "max-steps = 30" in config and "max-steps = 4" in config and config.count("max-users = 200") == 2
+    assert "export/items.csv" in config and "max-steps = 30" in config and config.count("max-users = 200") == 2
     fresh_root(root, config)
 
     cut_day(sample_dir, root / "export", before=CUT)
@@ -237,8 +236,8 @@ def test_the_documented_nightly_script_on_two_nights_of_the_sample(sample_dir, t
     assert report["previous"] == str((runs / "day1").resolve())
     assert (report["items_added"], report["sid_changed"]) == (len(after.keys() - before.keys()), 0)
     assert report["embed.items_encoded"] == report["items_added"]  # texts are unchanged: only new items
-    # the previous night's model step: rl (its own model, or sft's copied when no update beat it)
-    assert report["init-vocab.warm_start_from"] == str((runs / "day1" / "rl").resolve())
+    # the previous night's model step: sft (rl is not in the main job)
+    assert report["init-vocab.warm_start_from"] == str((runs / "day1" / "sft").resolve())
     assert report["sft.started_from"] == "init-vocab"
 
     decision = night2["promotion"]

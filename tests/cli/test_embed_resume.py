@@ -77,13 +77,14 @@ def test_sigkill_then_the_same_command_continues_and_matches_an_uninterrupted_ru
     assert metrics["items"] == metrics["items_encoded"] == ITEMS and metrics["items_per_s"] > 0
     assert metrics["items_resumed"] >= killed_at  # the killed run may have saved one more chunk after we looked
     assert not (wd / ".staging" / "embed").exists()
-    assert sorted(p.name for p in (wd / "embed").iterdir()) == ["embed_info.json", "embeddings.npy", "step.json"]
+    assert sorted(p.name for p in (wd / "embed").iterdir()) == ["embed_info.json", "embeddings.npy", "lexical.npz", "step.json"]
 
     texts = tables.item_text(tables.load_items(wd / "ingest"), EmbedConfig().template)
     reference = tmp_path / "reference"
     reference.mkdir()
     embed.run(EmbedConfig(chunk_size=CHUNK), texts, reference)  # uninterrupted, the same options
     np.testing.assert_array_equal(embed.load_embeddings(wd / "embed"), np.load(reference / "embeddings.npy"))
+    assert (wd / "embed" / "lexical.npz").read_bytes() == (reference / "lexical.npz").read_bytes()
 
     changed = embed_json(other, "--batch-size", "32")  # other options: the saved chunks are not theirs
     assert changed["metrics"]["items_resumed"] == 0 and changed["metrics"]["items_encoded"] == ITEMS
