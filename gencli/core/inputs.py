@@ -144,9 +144,7 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
     """The :class:`~gencli.core.infer.blend.Ranker` of a model folder: its blend.json's text mix and repeat share
     always, its blends when ``ranking`` is auto."""
     from gencli.core import artifacts
-    from gencli.core.infer.blend import Ranker, first_groups
-    from gencli.core.infer.blendfile import BlendFile
-    from gencli.core.infer.content import ContentScorer
+    from gencli.core.infer.blendfile import BlendFile, ranker_of
     from gencli.core.infer.prior import read_item_prior
 
     if vectors.shape[0] != len(item_tokens):
@@ -159,13 +157,8 @@ def ranker(vectors, model_folder: Path, model_step: str, ranking: str, item_toke
             record = BlendFile.read(path)
         except (ValueError, UnicodeDecodeError, TypeError, OverflowError) as exc:
             raise ArtifactError(f"{path} is damaged ({str(exc)[:200]}); rerun `gencli {model_step} --force`") from None
-    auto = ranking == "auto" and record is not None
     try:
         counts, prior = read_item_prior(model_folder / artifacts.ITEM_PRIOR, len(item_tokens))
     except ValueError as exc:
         raise ArtifactError(f"{model_folder}: {exc}; rerun `gencli {model_step} --force`") from None
-    scorer = ContentScorer(vectors, lexical=lexical, dense_share=record.dense_share if record is not None else 1.0)
-    return Ranker(scorer, first_groups(item_tokens), record.blends if auto else None, counts=counts,
-                  by_history=record.by_history if auto else None, prior=prior,
-                  repeats=record.repeat_share if record is not None else None,
-                  text=record.text if record is not None else None)
+    return ranker_of(record, vectors, item_tokens, lexical, counts, prior, blends=ranking == "auto")

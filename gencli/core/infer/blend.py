@@ -222,6 +222,11 @@ def history_buckets(histories: Sequence[Sequence[int]]) -> np.ndarray:
     return labels
 
 
+def masked(ranker: Ranker | None, exclude_seen: bool) -> bool:
+    """Whether a policy masks the history: :meth:`Ranker.masks`, or ``exclude_seen`` for the model alone."""
+    return exclude_seen if ranker is None else ranker.masks(exclude_seen)
+
+
 POLICIES = ("exclude_seen", "include_seen")  # a blend per seen-item policy: what is served, and eval's protocol
 REPEAT_FLOOR = 0.01  # training targets repeating a history item below this share: seen items are masked under
 # every policy (the model learns from the training split that this catalog's users do not come back to an item)
@@ -250,7 +255,7 @@ class Ranker:
     """The share of training targets that repeat an item of the user's history; below REPEAT_FLOOR the seen items
     are masked under both policies (:meth:`masks`). None: unknown (seen items ranked as asked)."""
     text: dict | None = None
-    """How the text side's mix was fitted (blend.json's ``text``), when this ranker's maker fitted or read it."""
+    """How the text side's mix was fitted (blend.json's ``text``): set by validation, which writes it."""
 
     def masks(self, exclude_seen: bool) -> bool:
         """Whether the user's history is masked under this policy: always when serving, and under the seen-ranked

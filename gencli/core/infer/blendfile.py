@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gencli.core import artifacts
-from gencli.core.infer.blend import FIT_K, POLICIES
-from gencli.core.infer.content import Blend
+from gencli.core.infer.blend import FIT_K, POLICIES, Ranker, first_groups
+from gencli.core.infer.content import Blend, ContentScorer
 from gencli.core.infer.metrics import HISTORY_BUCKETS
 from gencli.fileio import parse_json
 
@@ -115,6 +115,19 @@ class BlendFile:
         return cls(read_blends(record.get("blends"), where), read_history_blends(record.get("by_history"), where),
                    fit, prior, read_share(record.get("text"), where, "text", "dense_share"),
                    read_share(record.get("repeats"), where, "repeats", "share"))
+
+
+
+def ranker_of(record: BlendFile | None, vectors, item_tokens, lexical=None, counts=None, prior=None,
+              blends: bool = True) -> Ranker:
+    """The ranker a model step's blend.json (``record``; None: none) describes over embed's ``vectors`` and
+    ``lexical`` rows: its text mix and repeat share always, its blends when ``blends`` (``--ranking auto``).
+    ValueError when the vectors are unusable."""
+    scorer = ContentScorer(vectors, lexical=lexical, dense_share=1.0 if record is None else record.dense_share)
+    fitted = blends and record is not None
+    return Ranker(scorer, first_groups(item_tokens), record.blends if fitted else None, counts=counts,
+                  by_history=record.by_history if fitted else None, prior=prior,
+                  repeats=None if record is None else record.repeat_share)
 
 
 def read_share(record: object, where: str, field: str, key: str) -> dict[str, Any] | None:

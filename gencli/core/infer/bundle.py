@@ -346,9 +346,7 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
     text side is dense alone) and the blends of BLEND; a bundle without EMBEDDINGS ranks by the model alone (bundles
     exported before the blend), one without BLEND by the model with content beside it."""
     from gencli.core.data import lexical
-    from gencli.core.infer.blend import Ranker, first_groups
-    from gencli.core.infer.blendfile import BlendFile
-    from gencli.core.infer.content import ContentScorer
+    from gencli.core.infer.blendfile import BlendFile, ranker_of
     from gencli.core.infer.prior import read_item_prior
 
     file = Path(path) / artifacts.EMBEDDINGS
@@ -375,13 +373,10 @@ def read_ranker(path: Path, meta: dict[str, Any], item_tokens: np.ndarray):
         except ValueError as exc:
             raise _bad(path, f"{artifacts.LEXICAL}: {_shown(str(exc).replace(str(path), ''), 200)}") from None
     try:
-        scorer = ContentScorer(vectors, lexical=words, dense_share=record.dense_share if record is not None else 1.0)
-    except ValueError as exc:
-        raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None
-    try:
         counts, prior = read_item_prior(Path(path) / artifacts.ITEM_PRIOR, len(item_tokens))
     except ValueError as exc:
         raise _bad(path, str(exc)) from None
-    return Ranker(scorer, first_groups(item_tokens), None if record is None else record.blends, counts=counts,
-                  by_history=None if record is None else record.by_history, prior=prior,
-                  repeats=None if record is None else record.repeat_share, text=None if record is None else record.text)
+    try:
+        return ranker_of(record, vectors, item_tokens, words, counts, prior)
+    except ValueError as exc:
+        raise _bad(path, f"{artifacts.EMBEDDINGS}: {exc}") from None

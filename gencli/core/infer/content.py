@@ -38,8 +38,8 @@ CONTENT_DECAY = 0.8  # weight of each older item relative to the next newer one
 CONTENT_CANDIDATES = 50  # items per user and signal that may enter a blended top K (with the beam's items)
 USER_CHUNK_CELLS = 4_000_000  # users x catalog cosines computed at once (16 MB of float32)
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))  # the blend's model share, fitted on validation
-TEMPERATURES = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # content softmax temperatures, fitted on validation (below 0.2
-# the text can be confident: on Beauty's 12,101 items a temperature of 0.2 left its top 10 about 0.3% of its mass)
+TEMPERATURES = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # content softmax temperatures, fitted on validation (from 0.02:
+# over a catalog of thousands of items the higher ones spread the text's mass too thin for it to be confident)
 DENSE_SHARES = tuple(round(0.1 * i, 1) for i in range(11))  # the dense side's share of the text cosine, fitted
 TEXT_FIT_USERS = 20_000  # validation users the text side's mix is fitted on, at most (a fixed subsample above)
 COLD_BOOSTS = (0.0, 2.0, 8.0, 32.0, 128.0)  # the text parts' boost b for items with few training targets, fitted
@@ -122,10 +122,8 @@ class ContentScorer:
         return self.embeddings.shape[0]
 
     def with_share(self, dense_share: float) -> ContentScorer:
-        """The same sides mixed with another dense share."""
-        out = object.__new__(ContentScorer)
-        out.__dict__.update(self.__dict__, dense_share=float(dense_share) if self.lexical is not None else 1.0)
-        return out
+        """The same sides mixed with another dense share (dense alone without a lexical side)."""
+        return ContentScorer(self.embeddings, self.window, self.decay, self.lexical, dense_share)
 
     def recent(self, histories: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(each user's last ``window`` history items, their weights decay ** age, the newest 1)."""
@@ -220,11 +218,9 @@ def fit_dense_share(scorer: ContentScorer, histories: Sequence[Sequence[int]], t
             own = score[at, target]
             ahead = (score > own[:, None]) | ((score == own[:, None]) & (np.arange(n_items)[None, :] < target[:, None]))
             ranks[i, rows] = np.where(np.isfinite(own), ahead.sum(axis=1) + 1, 0)
-    table = []
-    for share, r in zip(DENSE_SHARES, ranks, strict=True):
-        hit = (r >= 1) & (r <= k)
-        gain = np.where(hit, 1.0 / np.log2(np.maximum(r, 1) + 1.0), 0.0)
-        table.append({"dense_share": share, f"recall@{k}": round(float(hit.mean()), 6),
-                      f"ndcg@{k}": round(float(gain.mean()), 6)})
+    from gencli.core.infer.metrics import ndcg_at_k, recall_at_k
+
+    table = [{"dense_share": share, f"recall@{k}": round(recall_at_k(r, k), 6), f"ndcg@{k}": round(ndcg_at_k(r, k), 6)}
+             for share, r in zip(DENSE_SHARES, ranks, strict=True)]
     best = max(table, key=lambda row: (round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 6), row["dense_share"]))
     return float(best["dense_share"]), table

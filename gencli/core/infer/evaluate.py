@@ -21,7 +21,7 @@ from gencli.config import EvalConfig, StampConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
 from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.blend import Candidates, Ranker, content_ranking, rank
+from gencli.core.infer.blend import Candidates, Ranker, content_ranking, masked, rank
 from gencli.core.infer.breakdown import blind_lists, by_history
 from gencli.core.infer.content import MODEL_ONLY, TEMPERATURES, Blend
 from gencli.core.infer.fit import fit_blend
@@ -158,7 +158,7 @@ class Evaluator:
 
     def masks(self, exclude_seen: bool) -> bool:
         """Whether the histories are masked under this policy (:meth:`~gencli.core.infer.blend.Ranker.masks`)."""
-        return exclude_seen if self.ranker is None else self.ranker.masks(exclude_seen)
+        return masked(self.ranker, exclude_seen)
 
     def __call__(
         self,

@@ -28,7 +28,7 @@ import torch
 from gencli.config import SFT_MAX_HISTORY, StampConfig
 from gencli.config.base import MAX_BEAMS
 from gencli.core.infer.beam import constrained_beam_search
-from gencli.core.infer.blend import Ranker
+from gencli.core.infer.blend import Ranker, masked
 from gencli.core.infer.prior import prior_top
 from gencli.core.infer.trie import SidTrie
 from gencli.core.lm.prompt import SidVocab, build_prompt, item_token_ids
@@ -199,14 +199,14 @@ class Recommender:
             return Ranked(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), np.zeros(0, bool))
         blended = self.ranker is not None and self.ranker.blended(exclude_seen)
         seen = [list(h) for h in histories]
-        masked = exclude_seen if self.ranker is None else self.ranker.masks(exclude_seen)
+        hidden = masked(self.ranker, exclude_seen)
         out = constrained_beam_search(
             self.model, prompts, self.trie, beams=beams, top_k=beams if blended else k, batch_size=batch_size,
             device=self.device, progress=progress,
             softmax_rows=self.vocab.all_ids if self.vocab.softmax == "sid" else None, prune=prune,
-            banned=seen if masked else None, first_level=blended,
+            banned=seen if hidden else None, first_level=blended,
         )
-        self._check_full(histories, out[0], out[1], beams if blended else k, masked)
+        self._check_full(histories, out[0], out[1], beams if blended else k, hidden)
         if blended:
             items, scores = self.ranker.rank(out[0], out[1], out[2], seen, exclude_seen, k)
             empty = [row for row, h in enumerate(histories) if not h]  # no prior: a content profile of nothing

@@ -79,7 +79,7 @@ def run(cfg: RlConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray
                   evaluate_first=True)
     (out_dir / artifacts.SID_VOCAB).write_bytes(Path(vocab_path).read_bytes())  # sft's, softmax included
     curve = summary.pop("evals")
-    blends, guard = settle(evaluate, summary, len(curve), events, start_dir, out_dir)
+    blends, guard = settle(evaluate, summary, len(curve), events, start_dir, start, out_dir)
     stats = loss.stats
     return {
         "task": "rl",
@@ -102,10 +102,10 @@ def run(cfg: RlConfig, model_dir: Path, vocab_path: Path, item_codes: np.ndarray
 
 
 def settle(evaluate: Validation, summary: dict[str, Any], evals: int, events: tuple[np.ndarray, np.ndarray] | None,
-           start_dir: Path | None, out_dir: Path) -> tuple[BlendFile, dict[str, Any]]:
+           start_dir: Path | None, start_blend: BlendFile | None, out_dir: Path) -> tuple[BlendFile, dict[str, Any]]:
     """Fit rl's blend to its model and keep rl's model and blend, or the start step's when rl's do not beat them
-    (:func:`keep_better`); write the kept ones into ``out_dir``. Returns the kept blend file and the comparison."""
-    start_blend = read_blend(start_dir)
+    (:func:`keep_better`; ``start_blend``: the start step's blend.json, read once by :func:`run`); write the kept ones
+    into ``out_dir``. Returns the kept blend file and the comparison."""
     averaged = (summary.get("average") or {}).get("members", 1) > 1
     if start_blend is not None and summary["best_step"] == 0 and not averaged:
         # no update won: rl's model is sft's, bit for bit, and so would its refitted blend be
