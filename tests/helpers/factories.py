@@ -227,3 +227,19 @@ def cold_candidates():
     first = np.log(np.array([[0.6, 0.4]]))
     return candidates(np.array([[0, 2]]), np.array([[-0.5, -1.5]], dtype=np.float32), scorer, [[3]], True,
                       first, np.array([0, 0, 1, 1]), [0.5], counts=np.array([9, 0, 3, 1])), scorer
+
+
+def six_item_candidates(users: int = 1, temperature: float = 0.1):
+    """``users`` alike, six candidates each: the beam found items 0-3; the text likes 5, then 4; items 4 and 5 were training
+    targets 0 and 1 times (the others 9)."""
+    from gencli.core.infer.blend import Candidates
+
+    with np.errstate(divide="ignore"):
+        model = np.log([[0.5, 0.3, 0.1, 0.05, 0.0, 0.0]] * users)
+        content = np.log([[0.1, 0.05, 0.05, 0.05, 0.3, 0.45]] * users)
+    counts = np.array([9, 9, 9, 9, 0, 1])
+    items = np.tile(np.arange(6), (users, 1))
+    return Candidates(items=items, model=model, content={temperature: content},
+                        prefix={temperature: np.full((users, 6), -np.inf)}, beam_items=items[:, :4],
+                        beam_scores=model[:, :4].astype(np.float32), content_items=np.array([[5, 4, 0, 1, 2, 3]] * users),
+                        evidence=np.tile(1.0 / (1.0 + counts), (users, 1)))

@@ -183,16 +183,59 @@ def blended_log_prob(c: Candidates, blend: Blend) -> np.ndarray:
 
 def rank(c: Candidates, blend: Blend, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each user's top ``k`` (items int64 [U, k], -1 where fewer exist; scores float32: the blended
-    log-probability, or for a model-only blend the model's own summed SID log-probability)."""
+    log-probability, or for a model-only blend the model's own summed SID log-probability). With a reserved
+    place (``blend.slot``) the list follows :func:`reserved_places` and the item moved there keeps its own score."""
     if blend.model_only:
         return c.beam_items[:, :k], c.beam_scores[:, :k]
     logp = blended_log_prob(c, blend)
-    tie = np.where(c.items >= 0, c.items, np.iinfo(np.int64).max)
-    order = np.lexsort((tie, -logp), axis=-1)[:, :k]
+    if blend.slot:
+        places = reserved_places(c, blend, logp)
+        order = np.argsort(places, axis=1, kind="stable")[:, :k]
+        listed = np.take_along_axis(places, order, axis=1) < np.iinfo(np.int64).max
+    else:
+        tie = np.where(c.items >= 0, c.items, np.iinfo(np.int64).max)
+        order = np.lexsort((tie, -logp), axis=-1)[:, :k]
+        listed = np.isfinite(np.take_along_axis(logp, order, axis=1))
     items = np.take_along_axis(c.items, order, axis=1)
     scores = np.take_along_axis(logp, order, axis=1)
-    gone = ~np.isfinite(scores)
-    return np.where(gone, -1, items), np.where(gone, -np.inf, scores).astype(np.float32)
+    return np.where(listed, items, -1), np.where(listed, scores, -np.inf).astype(np.float32)
+
+
+def blended_places(c: Candidates, logp: np.ndarray) -> np.ndarray:
+    """[U, M] each candidate's 1-based place in the blended order (higher log-probability first, ties by lower item
+    index); int64 max for padding and -inf (never listed)."""
+    tie = np.where(c.items >= 0, c.items, np.iinfo(np.int64).max)
+    order = np.lexsort((tie, -logp), axis=-1)
+    places = np.empty_like(order)
+    np.put_along_axis(places, order, np.arange(1, order.shape[1] + 1)[None, :], axis=1)
+    return np.where(np.isfinite(logp), places, np.iinfo(np.int64).max)
+
+
+def reserved_places(c: Candidates, blend: Blend, logp: np.ndarray) -> np.ndarray:
+    """[U, M] 1-based places with ``blend.slot`` kept for the text's best rarely trained item: of the candidates
+    that were a training target at most ``blend.rare`` times, are within the text's own top ``blend.depth`` and sit
+    at or below the slot in the blended order, the one the text ranks highest moves to the slot and the items it
+    passes move down one place. A user without such an item keeps the blended order. Why: a generative model rarely
+    emits an item it was hardly trained on, and a blend ranks first what both parts support, so a new item the text
+    alone finds loses to warm look-alikes however sure the text is (research/cold/NOTES.md)."""
+    places = blended_places(c, logp)
+    never = np.iinfo(np.int64).max
+    if c.evidence is None:
+        return places
+    content = c.content[float(blend.temperature)]
+    tie = np.where(c.items >= 0, c.items, never)
+    text_order = np.lexsort((tie, -content), axis=-1)[:, : blend.depth]
+    rows = np.arange(len(places))[:, None]
+    rare = np.take_along_axis(c.evidence, text_order, axis=1) >= 1.0 / (1.0 + blend.rare) - 1e-12
+    ok = rare & np.isfinite(np.take_along_axis(content, text_order, axis=1)) & \
+        (np.take_along_axis(places, text_order, axis=1) >= blend.slot)
+    has = ok.any(axis=1)
+    moved = text_order[np.arange(len(places)), ok.argmax(axis=1)]  # column of the item moved to the slot
+    was = places[np.arange(len(places)), moved]  # its blended place (never: not listed before)
+    shift = has[:, None] & (places >= blend.slot) & (places < was[:, None])
+    out = np.where(shift, places + 1, places)
+    out[rows[has, 0], moved[has]] = blend.slot
+    return out
 
 
 def target_ranks(c: Candidates, blend: Blend, targets: np.ndarray) -> np.ndarray:
@@ -201,6 +244,11 @@ def target_ranks(c: Candidates, blend: Blend, targets: np.ndarray) -> np.ndarray
     if blend.model_only:
         return rank_of_target(c.beam_items, targets)
     logp = blended_log_prob(c, blend)
+    if blend.slot:
+        places = reserved_places(c, blend, logp)
+        match = (c.items == np.asarray(targets)[:, None]) & (places < np.iinfo(np.int64).max)
+        own = places[np.arange(len(targets)), match.argmax(axis=1)]
+        return np.where(match.any(axis=1), own, 0).astype(np.int64)
     match = c.items == np.asarray(targets)[:, None]
     has = match.any(axis=1)
     own = np.where(has, logp[np.arange(len(targets)), match.argmax(axis=1)], -np.inf)

@@ -57,8 +57,22 @@ class Blend:
     """Softmax temperature of the content cosines (> 0); lower = the content shares go to fewer items."""
     cold: float = 0.0
     """b >= 0: the prefix and content terms of an item seen n times as a training target weigh 1 + b / (1 + n)."""
+    slot: int = 0
+    """The place (1-based) of the list kept for the text's best rarely trained item (:func:`~gencli.core.infer.blend.
+    reserved_places`); 0: none."""
+    depth: int = 0
+    """That item must be within the text's own top ``depth`` (1..CONTENT_CANDIDATES; with ``slot``)."""
+    rare: int = 0
+    """Rarely trained: a training target at most ``rare`` times (with ``slot``)."""
 
     def __post_init__(self) -> None:
+        for name in ("slot", "depth", "rare"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"blend {name} must be a whole number >= 0 (got {value!r})")
+        if self.slot and not (1 <= self.depth <= CONTENT_CANDIDATES and self.weight < 1.0):
+            raise ValueError(f"a blend with slot {self.slot} needs depth in 1..{CONTENT_CANDIDATES} and weight < 1 "
+                             f"(got depth {self.depth}, weight {self.weight})")
         for name in ("weight", "prefix", "temperature", "cold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -82,14 +96,17 @@ class Blend:
 
     def to_dict(self) -> dict:
         out = {"weight": float(self.weight), "prefix": float(self.prefix), "temperature": float(self.temperature)}
-        return {**out, "cold": float(self.cold)} if self.cold else out  # absent at 0: older readers take the file
+        if self.cold:  # absent at 0 (and no slot): older readers take the file
+            out["cold"] = float(self.cold)
+        return {**out, "slot": self.slot, "depth": self.depth, "rare": self.rare} if self.slot else out
 
     @classmethod
     def from_dict(cls, record: Any) -> Blend:
         """A Blend from its JSON record (ValueError naming what is wrong)."""
-        keys = {"weight", "prefix", "temperature", "cold"}
+        keys = {"weight", "prefix", "temperature", "cold", "slot", "depth", "rare"}
         if not isinstance(record, dict) or set(record) - keys or "weight" not in record:
-            raise ValueError(f'a blend is {{"weight": w, "prefix": p, "temperature": t, "cold": b}}, got {record!r}')
+            raise ValueError(f'a blend is {{"weight": w, "prefix": p, "temperature": t, "cold": b[, "slot": s, '
+                             f'"depth": d, "rare": r]}}, got {record!r}')
         return cls(**record)
 
 

@@ -11,6 +11,7 @@ stage started from) restricts the fit to the points that keep them there, when a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,6 +29,9 @@ MIN_WIDEN_USERS = 100  # the wider choice (COLD_Z) needs this many: on Beauty's 
 # and did not transfer to the 934 cold test users; on ml100k-new's 233 it lifted both (research/cold/NOTES.md)
 MIN_BUCKET_USERS = 50  # a history-length bucket gets a blend of its own from this many validation users
 BUCKET_STEP = 0.2  # a bucket's grid of shares (its boosts: none and the shared blend's), 8x cheaper than the full fit
+SLOTS = (5, 10)  # places of the list that may be kept for the text's best rarely trained item, fitted ...
+SLOT_DEPTHS = (1, 3, 10, 50)  # ... with how far down the text's own ranking that item may be ...
+SLOT_RARE = (0, 1)  # ... and how rarely trained (training targets at most), after the shares (research/cold/NOTES.md)
 
 
 def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 0.1,
@@ -49,7 +53,9 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
 
     ``cold_floor`` (their Recall@k + NDCG@k under the blend of the model a later stage started from, on the same
     users): only the points at or above it compete, so a stage such as rl never buys its overall gain with them; when
-    no point reaches it, the point best for the cold users is returned (the caller then compares the stages)."""
+    no point reaches it, the point best for the cold users is returned (the caller then compares the stages).
+
+    The reserved place is fitted after it (:func:`fit_slot`), on as many users as the caller affords."""
     targets = np.asarray(targets)
     grid = WEIGHTS if step == 0.1 else tuple(round(i * step, 4) for i in range(int(round(1 / step)) + 1))
     if boosts is None:
@@ -93,6 +99,48 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
         text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean() if may_widen else None
         best = cold_choice(index, best, keys, colds, per_user, text)
     return blends[best], table
+
+
+def fit_slot(c: Candidates, targets: np.ndarray, blend: Blend, k: int = FIT_K, cold: np.ndarray | None = None,
+             cold_floor: float | None = None) -> tuple[Blend, list[dict]]:
+    """``blend`` with the reserved place (:func:`gencli.core.infer.blend.reserved_places`; SLOTS x SLOT_DEPTHS x
+    SLOT_RARE, or none) of best Recall@k + NDCG@k on these users (ties: none, then the later place, the shallower
+    depth, the rarer items), with the cold users' say and ``cold_floor`` as in :func:`fit_blend`; and every point's
+    scores. A model-only blend, or candidates without training counts, keep ``blend``.
+
+    Why apart from the shares: a place helps only the few users whose target the text alone finds, so it needs
+    more users than the share grid to be told from noise, and its grid is small enough to afford them (on Beauty
+    the 35 cold users of 2,000 could not pick it; the 527 of every validation user do: research/cold/NOTES.md)."""
+    table: list[dict] = []
+    if c.evidence is None or blend.model_only:
+        return blend, table
+    targets = np.asarray(targets)
+    use_cold = cold is not None and int(np.sum(cold)) >= MIN_COLD_USERS
+    text = None
+    if use_cold and int(np.sum(cold)) >= MIN_WIDEN_USERS:
+        text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean()
+    points = [blend] + [replace(blend, slot=p, depth=d, rare=r) for p in SLOTS for d in SLOT_DEPTHS for r in SLOT_RARE]
+    keys, colds, per_user = [], [], []
+    for b in points:
+        ranks = target_ranks(c, b, targets)
+        row = {**b.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
+        cold_score = 0.0
+        if use_cold:
+            row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
+            row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
+            cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
+        if text is not None:
+            per_user.append(user_scores(ranks, k))
+        table.append(row)
+        keys.append((round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), -bool(b.slot), b.slot, -b.depth, -b.rare))
+        colds.append(cold_score)
+    index = list(range(len(points)))
+    if use_cold and cold_floor is not None:
+        index = [i for i in index if colds[i] >= round(cold_floor, 12)] or [0]
+    best = max(index, key=keys.__getitem__)
+    if use_cold:
+        best = cold_choice(index, best, keys, colds, per_user, text)
+    return points[best], table
 
 
 def cold_choice(index: list[int], best: int, keys: list[tuple], colds: list[float], per_user: list[np.ndarray],
@@ -150,13 +198,21 @@ def fit_by_history(c: Candidates, targets: np.ndarray, histories: Sequence[Seque
             continue
         held = {"shared": 0.0, "own": 0.0}
         for fit_rows, test_rows in ((rows[::2], rows[1::2]), (rows[1::2], rows[::2])):
-            half = fit_blend(c.take(fit_rows), targets[fit_rows], k, BUCKET_STEP, boosts=boosts)[0]
+            half = with_slot(fit_blend(c.take(fit_rows), targets[fit_rows], k, BUCKET_STEP, boosts=boosts)[0],
+                             shared)
             test = c.take(test_rows)
             held["shared"] += score(test, shared, targets[test_rows]) * test_rows.size / rows.size
             held["own"] += score(test, half, targets[test_rows]) * test_rows.size / rows.size
-        blend = fit_blend(c.take(rows), targets[rows], k, BUCKET_STEP, boosts=boosts)[0]
+        blend = with_slot(fit_blend(c.take(rows), targets[rows], k, BUCKET_STEP, boosts=boosts)[0], shared)
         report[label] = {"users": int(rows.size), "blend": blend.to_dict(), "kept": held["own"] > held["shared"],
                          f"held-out recall@{k} + ndcg@{k}": held}
         if held["own"] > held["shared"]:
             own[label] = blend
     return own, report
+
+
+def with_slot(blend: Blend, shared: Blend) -> Blend:
+    """``blend`` with ``shared``'s reserved place (a bucket's users keep the place the shared fit chose)."""
+    if blend.model_only or not shared.slot:
+        return blend
+    return replace(blend, slot=shared.slot, depth=shared.depth, rare=shared.rare)

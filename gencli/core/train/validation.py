@@ -13,6 +13,7 @@ fitted on these users on a coarse grid (VALID_FIT_STEP); the model alone is repo
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from gencli.core import artifacts, dist
 from gencli.core.data import tables
 from gencli.core.infer.blend import (
     FIT_K,
+    POLICIES,
     REPEAT_FLOOR,
     Candidates,
     Ranker,
@@ -33,9 +35,9 @@ from gencli.core.infer.blend import (
     target_ranks,
 )
 from gencli.core.infer.blendfile import BlendFile
-from gencli.core.infer.content import TEMPERATURES, TEXT_FIT_USERS, ContentScorer, fit_dense_share
+from gencli.core.infer.content import TEMPERATURES, TEXT_FIT_USERS, Blend, ContentScorer, fit_dense_share
 from gencli.core.infer.evaluate import Evaluator
-from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit_by_history
+from gencli.core.infer.fit import COLD_MAX_COUNT, COLD_TOLERANCE, fit_blend, fit_by_history, fit_slot
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k, seeded_subsample
 from gencli.core.infer.prior import fit_prior
 from gencli.core.lm.backbone import load_model
@@ -46,6 +48,7 @@ from gencli.errors import InputError
 EVAL_METRIC = "ndcg@10"  # sft and rl keep the checkpoint that puts the right item highest in the served list
 VALID_SEED = 0  # the validation subsample's seed: one fixed set, so seeds differ in training, not in what judges it
 VALID_FIT_STEP = 0.25  # the blend grid of each validation (the final fit, after training, uses 0.1)
+SLOT_FIT_USERS = 20_000  # valid users the reserved place is fitted on, at most (a fixed subsample above)
 
 
 class Validation:
@@ -64,6 +67,7 @@ class Validation:
         self.evaluator = Evaluator(valid, item_tokens, vocab.bos_id, max_history=max_history,
                                    max_users=cfg.eval_users, seed=VALID_SEED, name="valid split", ranker=ranker)
         self.exclude_seen = ranker is not None  # the served ranking; the model alone: the usual protocol
+        self.max_history = max_history
         self.valid, self.item_tokens, self.vocab = valid, item_tokens, vocab
         self.softmax_rows, self.batch_size = softmax_rows, batch_size
         self.ks = [k for k in (5, 10, 20) if k <= cfg.eval_beams]
@@ -122,16 +126,18 @@ class Validation:
         cold = None if counts is None else counts[ev.targets] <= COLD_MAX_COUNT
         blends, scores, grids, by_history, buckets = {}, {}, {}, {}, {}
         for policy, c in cands.items():
-            blend, grids[policy] = fit_blend(c, ev.targets, cold=cold, cold_floor=(cold_floors or {}).get(policy))
-            blends[policy] = blend
-            scores[policy] = _scores(c, blend, ev.targets, cold)
-            by_history[policy], buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blend)
+            blends[policy], grids[policy] = fit_blend(c, ev.targets, cold=cold,
+                                                      cold_floor=(cold_floors or {}).get(policy))
+        blends, slots = self._fit_slots(model, blends, cands, cold, cold_floors)
+        for policy, c in cands.items():
+            scores[policy] = _scores(c, blends[policy], ev.targets, cold)
+            by_history[policy], buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blends[policy])
         fitted = {"split": "valid", "users": len(ev.targets), "cold_users": int(cold.sum()) if cold is not None
                   else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
                   "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
                   "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
                   "history_buckets": buckets, **({"cold_floors": cold_floors} if cold_floors else {}),
-                  "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"]}
+                  "grid": grids["exclude_seen"], "grid_include_seen": grids["include_seen"], "slots": slots}
         stats = np.zeros((2, len(self.item_tokens)), dtype=np.float64)
         if counts is not None:
             stats[0] = counts
@@ -142,6 +148,37 @@ class Validation:
         else:
             stats[1], prior = stats[0], None
         return BlendFile(blends, by_history, fitted, prior, self.ranker.text, repeats_record(self.ranker)), stats
+
+    def _fit_slots(self, model: torch.nn.Module, blends: dict[str, Blend], cands: dict[str, Candidates],
+                   cold: np.ndarray | None, cold_floors: dict[str, float] | None) -> tuple[dict[str, Blend], dict]:
+        """Each policy's blend with its reserved place (:func:`fit_slot`), fitted on up to SLOT_FIT_USERS valid
+        users: the validation users themselves when they are all of them, else that many decoded once more with
+        the fitted blends (the cold floors of rl hold for the validation users only); and how it was fitted."""
+        ev, counts = self.evaluator, self.ranker.counts
+        wide = None
+        if counts is not None and len(ev.targets) < min(self.valid.height, SLOT_FIT_USERS):
+            wide = Evaluator(self.valid, self.item_tokens, self.vocab.bos_id, max_history=self.max_history,
+                             max_users=SLOT_FIT_USERS, seed=VALID_SEED, name="valid split",
+                             ranker=replace(self.ranker, blends=blends))
+        out, record, decoded = {}, {}, {}
+        for policy, blend in blends.items():
+            if wide is None:
+                c, targets, who, floor = cands[policy], ev.targets, cold, (cold_floors or {}).get(policy)
+            else:
+                exclude = policy == POLICIES[0]
+                key = (self.ranker.masks(exclude), blend.temperature)
+                if key not in decoded:
+                    decoded[key] = self._decode(wide, model, exclude)
+                c, targets, floor = decoded[key], wide.targets, None
+                who = counts[targets] <= COLD_MAX_COUNT
+            out[policy], grid = fit_slot(c, targets, blend, FIT_K, who, floor)
+            record[policy] = {"users": len(targets), "cold_users": int(who.sum()) if who is not None else None,
+                              "grid": grid}
+        return out, record
+
+    def _decode(self, evaluator: Evaluator, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
+        return evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,
+                         softmax_rows=self.softmax_rows, prune=self.prune, exclude_seen=exclude_seen).candidates
 
     def _candidates(self, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
         return self.evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from helpers.factories import blend_candidates, tiny_qwen3
+from helpers.factories import blend_candidates, six_item_candidates, tiny_qwen3
 
 from gencli.config import EvalConfig
 from gencli.core import artifacts
@@ -212,3 +212,36 @@ def test_a_blended_list_is_min_k_allowed_distinct_unseen_items():
         got = [i for i in row if i >= 0]
         assert len(got) == len(set(got)) == min(10, 30 - len(set(h))) and not set(got) & set(h)
         assert np.isfinite(scores[: len(got)]).all() and np.isneginf(scores[len(got):]).all()
+
+
+@pytest.mark.parametrize("slot, depth, rare, expected", [
+    (0, 0, 0, [0, 1, 2, 3, 5, 4]),  # blended: 0.9 p + 0.1 q = .46 .275 .095 .05 .03 .045
+    (2, 2, 0, [0, 4, 1, 2, 3, 5]),  # the text's best never-trained item within its top 2 takes place 2
+    (2, 2, 1, [0, 5, 1, 2, 3, 4]),  # at most once: item 5, the text's first, takes it
+    (2, 1, 0, [0, 1, 2, 3, 5, 4]),  # the text's top 1 holds no never-trained item: the blended order
+    (6, 2, 0, [0, 1, 2, 3, 5, 4]),  # item 4 already sits at place 6
+    (1, 2, 0, [4, 0, 1, 2, 3, 5]),
+])
+def test_a_reserved_place_takes_the_texts_best_rarely_trained_item(slot, depth, rare, expected):
+    c = six_item_candidates()
+    blend = Blend(0.9, 0.0, 0.1, 0.0, slot, depth, rare)
+    items, scores = B.rank(c, blend, 6)
+    assert items[0].tolist() == expected
+    logp = B.blended_log_prob(c, blend)[0]
+    assert scores[0].tolist() == pytest.approx(logp[expected].tolist())  # each item keeps its own score
+    for place, item in enumerate(expected, start=1):
+        assert B.target_ranks(c, blend, np.array([item])).tolist() == [place]
+    assert B.rank(c, blend, 3)[0][0].tolist() == expected[:3]
+
+
+def test_a_reserved_place_is_written_only_when_used_and_refused_when_malformed():
+    assert "slot" not in Blend(0.5).to_dict()
+    record = Blend(0.5, 0.1, 0.2, 2.0, 10, 3, 1).to_dict()
+    assert record == {"weight": 0.5, "prefix": 0.1, "temperature": 0.2, "cold": 2.0, "slot": 10, "depth": 3, "rare": 1}
+    assert Blend.from_dict(record) == Blend(0.5, 0.1, 0.2, 2.0, 10, 3, 1)
+    with pytest.raises(ValueError, match="depth in 1..50"):
+        Blend(0.5, slot=10, depth=0)
+    with pytest.raises(ValueError, match="slot must be a whole number"):
+        Blend(0.5, slot=1.5, depth=3)
+    with pytest.raises(ValueError, match="weight < 1"):
+        Blend(1.0, slot=10, depth=3)

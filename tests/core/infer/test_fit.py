@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.factories import blend_candidates, cold_candidates
+from helpers.factories import blend_candidates, cold_candidates, six_item_candidates
 
 from gencli.core.infer import blend as B
 from gencli.core.infer import fit as F
@@ -109,3 +109,15 @@ def test_a_cold_floor_keeps_only_the_blends_that_keep_the_cold_users_there():
     assert round(recall_at_k(ranks[cold], 10) + ndcg_at_k(ranks[cold], 10), 12) == floor
     # a floor below every point changes nothing
     assert F.fit_blend(c, targets, cold=cold, cold_floor=-1.0)[0] == F.fit_blend(c, targets, cold=cold)[0]
+
+
+def test_the_reserved_place_is_fitted_where_it_serves_the_users():
+    # two users alike: one wants item 0 (place 1), one wants item 4, which the blend puts 6th: at k = 5 only a place
+    # kept for never-trained items (rare 0) within the text's top 3 or deeper brings it in; ties take the shallower
+    c2 = six_item_candidates(users=2)
+    chosen, table = F.fit_slot(c2, np.array([0, 4]), Blend(0.9, 0.0, 0.1), 5)
+    assert chosen == Blend(0.9, 0.0, 0.1, 0.0, 5, 3, 0)
+    assert len(table) == 1 + len(F.SLOTS) * len(F.SLOT_DEPTHS) * len(F.SLOT_RARE)
+    assert table[0]["recall@5"] == 0.5 and max(row["recall@5"] for row in table) == 1.0
+    # a user who wants the item the place pushes out: no place is better
+    assert F.fit_slot(c2, np.array([5, 5]), Blend(0.9, 0.0, 0.1), 5)[0] == Blend(0.9, 0.0, 0.1)
