@@ -19,7 +19,7 @@ import numpy as np
 
 from gencli.core import artifacts
 from gencli.core.data import tables
-from gencli.core.infer.blend import content_ranking, rank, target_ranks
+from gencli.core.infer.blend import content_ranking, rank
 from gencli.core.infer.blendfile import BlendFile, ranker_of
 from gencli.core.infer.fit import fit_blend
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k, seeded_subsample
@@ -105,15 +105,14 @@ def main() -> None:
         print(f"{name:5s} model {score(cc.beam_items[:, :10], targets, cl)}")
         print(f"{name:5s} text  {score(content_ranking(cc, 10), targets, cl)}")
     rows = []
-    for t in (blend.temperature,):
-        for rare in (0, 1):
-            for pos in (10, 5):
-                for gate in (1, 3, 10, 50):
-                    res = {}
-                    for name, (cc, targets, cl, _) in (("valid", data["valid"]), ("test", data["test"])):
-                        top = rank(cc, blend, 10)[0]
-                        res[name] = score(slotted(top, cc, counts, pos, rare, gate), targets, cl)
-                    rows.append(((rare, pos, gate), res))
+    for rare in (0, 1):
+        for pos in (10, 5):
+            for gate in (1, 3, 10, 50):
+                res = {}
+                for name, (cc, targets, cl, _) in (("valid", data["valid"]), ("test", data["test"])):
+                    top = rank(cc, blend, 10)[0]
+                    res[name] = score(slotted(top, cc, counts, pos, rare, gate), targets, cl)
+                rows.append(((rare, pos, gate), res))
     base_v = score(rank(c, blend, 10)[0], tgt, cold)
     print("rare pos gate | valid R N coldR | test R N coldR coldN")
     for key, res in rows:
