@@ -29,6 +29,7 @@ Every new row is e = mu + delta; the initialisers differ in delta:
                   pca       coordinates of the level's centred centroids in their top
                             m = min(d, K_l, d_model) principal directions (SVD, signs fixed so
                             each direction's largest entry is positive), zero-padded to d_model;
+                            distance-preserving whenever m >= rank(C_l - cbar_l);
                   truncate  the first d_model dims, zero-padded when d < d_model (the paper's Phi);
                   isometric Q x with Q [d_model, d] orthonormal columns (QR of a Gaussian
                             matrix seeded with ``seed``, signs fixed by diag(R) > 0); needs
