@@ -41,8 +41,13 @@ def pulled_path(preset: str, home: Path | None = None) -> Path | None:
     path = (home or gencli_home()) / "models" / preset
     if not ((path / MODEL_INFO).is_file() and (path / "config.json").is_file()):
         return None
-    layers = json.loads((path / MODEL_INFO).read_text()).get("layers")
-    return None if preset in CUT_PRESETS and layers != list(CUT_PRESETS[preset][1]) else path
+    if preset not in CUT_PRESETS:
+        return path
+    try:
+        layers = json.loads((path / MODEL_INFO).read_text()).get("layers")
+    except (OSError, ValueError, AttributeError):  # a half-written provenance file: not pulled
+        return None
+    return path if layers == list(CUT_PRESETS[preset][1]) else None
 
 
 def _pip_download(dest: Path) -> Path:
