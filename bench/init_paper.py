@@ -13,8 +13,11 @@ collaborative vectors). Inits:
   one factor that takes level 0 to the base spread (``--projection shared --scale shared``);
 - ``default``: gencli's default (``--projection principal --scale level``), run when listed in ``--inits``.
 
-Per run: t* (sft's validation peak step), the test Recall@5 and @10 of the model alone and of gencli's served
-ranking, and the model alone's Recall@5 on the cold cohort (test targets seen at most once in training). Per SID
+Per run: t* (sft's validation peak step: the served ranking's NDCG@10, which sft selects its model on), the test
+Recall@5 and @10 of the model alone and of gencli's served ranking, and the model alone's Recall@5 on the cold
+cohort (test targets seen at most once in training). The results file also holds, per validation, the model
+alone's NDCG@10 and Recall@10 and each level's teacher-forced cross-entropy (``valid``: has an init left the
+codes' frequency plateau?) and the model alone's peak step (``t_star_model``). Per SID
 set, each init against ``mean`` and ``random``, paired by seed: the mean difference, t and a 95% interval (Student;
 with one seed the difference alone).
 
@@ -36,6 +39,8 @@ import time
 from pathlib import Path
 
 from common import CACHE, gencli, options, prepare_shared, write_json_atomic
+
+from gencli.core.artifacts import METRICS_JSONL
 
 INITS = {
     "mean": ["--init", "mean"],
@@ -114,12 +119,15 @@ def run_variant(args: argparse.Namespace, shared: Path, sids: str, init: str, se
     t0 = time.time()
     out = {cmd[2]: gencli(cmd, work)["metrics"] for cmd in commands}
     sft, ev, cold = out["sft"], out["eval"], out["cold-eval"]
+    valid = [{k: r.get(k) for k in ("step", "model_ndcg@10", "model_recall@10", "level_ce")} for r in
+             map(json.loads, (work / "sft" / METRICS_JSONL).read_text().splitlines()) if r.get("kind") == "valid"]
+    best = max(valid, key=lambda r: r["model_ndcg@10"] or 0.0)  # the first of equal values
     row = {
-        "sids": sids, "init": init, "seed": seed, "t_star": sft["peak_step"],
+        "sids": sids, "init": init, "seed": seed, "t_star": sft["peak_step"], "t_star_model": best["step"],
         "recall@5": ev["model_only"]["recall@5"], "recall@10": ev["model_only"]["recall@10"],
         "served_recall@5": ev["overall"]["recall@5"], "served_recall@10": ev["overall"]["recall@10"],
         "cold_recall@5": cold["model_only"]["recall@5"], "cold_users": cold["cohort_size"],
-        "test_users": ev["overall"]["users"], "valid_curve": sft["valid_curve"], "steps": sft["steps"],
+        "test_users": ev["overall"]["users"], "valid": valid, "steps": sft["steps"],
         "geometry": [lv.get("distance_ratio") for lv in out["init-vocab"]["geometry"]["levels"]],
         "seconds": round(time.time() - t0, 1), "commands": [" ".join(["gencli", *c]) for c in commands],
     }
