@@ -136,18 +136,19 @@ def run_variant(args: argparse.Namespace, shared: Path, sids: str, init: str, se
     return row
 
 
-def paired(diffs: list[float]) -> str:
+def paired(diffs: list[float], digits: int = 4) -> str:
     """'mean diff (t, 95% interval)' of paired differences; the difference alone for one pair."""
     n, mean = len(diffs), statistics.fmean(diffs)
+    f = f"+.{digits}f"
     if n < 2:
-        return f"{mean:+.4f}"
+        return format(mean, f)
     from scipy.stats import t as student
 
     se = statistics.stdev(diffs) / n ** 0.5
     if se == 0:
-        return f"{mean:+.4f} (all equal)"
+        return f"{format(mean, f)} (all equal)"
     half = float(student.ppf(0.975, n - 1)) * se
-    return f"{mean:+.4f} (t {mean / se:+.2f}; {mean - half:+.4f}..{mean + half:+.4f})"
+    return f"{format(mean, f)} (t {mean / se:+.2f}; {format(mean - half, f)}..{format(mean + half, f)})"
 
 
 def table(rows: list[dict]) -> str:
@@ -173,7 +174,7 @@ def table(rows: list[dict]) -> str:
             seeds = sorted(set(by[(sids, init)]) & set(by[(sids, ref)]))
             if not seeds:
                 continue
-            cells = [paired([by[(sids, init)][s][m] - by[(sids, ref)][s][m] for s in seeds])
+            cells = [paired([by[(sids, init)][s][m] - by[(sids, ref)][s][m] for s in seeds], 0 if m == "t_star" else 4)
                      for m in ("t_star", "recall@5", "recall@10", "cold_recall@5")]
             lines.append(f"| {sids} | {init} | {ref} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

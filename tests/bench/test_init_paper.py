@@ -22,6 +22,7 @@ def test_paired_differences_give_t_and_the_student_interval(init_paper):
     assert init_paper.paired([1.0, 2.0, 3.0]) == "+2.0000 (t +3.46; -0.4841..+4.4841)"
     assert init_paper.paired([0.25]) == "+0.2500"
     assert init_paper.paired([0.5, 0.5]) == "+0.5000 (all equal)"
+    assert init_paper.paired([-50.0], digits=0) == "-50"
 
 
 def test_table_pairs_each_init_with_mean_and_random_by_seed(init_paper):
@@ -33,8 +34,8 @@ def test_table_pairs_each_init_with_mean_and_random_by_seed(init_paper):
             row("paper", 1, 0.3)]
     lines = init_paper.table(rows).splitlines()
     assert "| text | paper | 2 | 50 | 0.3000 | 0.6000 | 0.3000 | 0.3000 | 0.0000 |" in lines
-    assert ("| text | paper | mean | +0.0000 (all equal) | +0.1500 (t +3.00; -0.4853..+0.7853) | "
+    assert ("| text | paper | mean | +0 (all equal) | +0.1500 (t +3.00; -0.4853..+0.7853) | "
            "+0.3000 (t +3.00; -0.9706..+1.5706) | +0.0000 (all equal) |") in lines
-    assert "| text | paper | random | +0.0000 | +0.2000 | +0.4000 | +0.0000 |" in lines  # one common seed
-    assert "| text | random | mean | +0.0000 | +0.0000 | +0.0000 | +0.0000 |" in lines  # seed 0, once
+    assert "| text | paper | random | +0 | +0.2000 | +0.4000 | +0.0000 |" in lines  # one common seed
+    assert "| text | random | mean | +0 | +0.0000 | +0.0000 | +0.0000 |" in lines  # seed 0, once
     assert not any(line.startswith("| text | mean | random") for line in lines)
