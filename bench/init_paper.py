@@ -21,8 +21,8 @@ codes' frequency plateau?) and the model alone's peak step (``t_star_model``). P
 set, each init against ``mean`` and ``random``, paired by seed: the mean difference, t and a 95% interval (Student;
 with one seed the difference alone).
 
-    python bench/init_paper.py --mode screen                 # one seed, 100 steps (about 50 CPU-minutes)
-    python bench/init_paper.py --mode full                   # seeds 0-4, 600 steps (about 5 epochs)
+    python bench/init_paper.py --mode screen                 # one seed, 100 steps (8 runs, about 70 CPU-minutes)
+    python bench/init_paper.py --mode full                   # seeds 0-4, 600 steps (40 runs, about 27 CPU-hours)
     python bench/init_paper.py --mode full --table           # the table of the cached runs
 
 Every finished run is cached in ``--out`` (atomic rewrite) and skipped on a rerun; each run's exact commands are
