@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, REPO, gencli, ingest_args, write_json_atomic
+from common import CACHE, REPO, gencli, ingest_args, options, write_json_atomic
 
 KS = (5, 10, 20)
 METRICS = [f"{m}@{k}" for m in ("recall", "ndcg") for k in KS]
@@ -90,15 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "and the model alone against SASRec and the content nearest-neighbour, and the seed spread, from "
                    "--out (comma-separated files are merged)")
     return p.parse_args(argv)
-
-
-def options(spec: str) -> list[str]:
-    """'a=1,b-c=x,flag' -> ['--a', '1', '--b-c', 'x', '--flag']."""
-    out: list[str] = []
-    for part in filter(None, (s.strip() for s in spec.split(","))):
-        name, eq, value = part.partition("=")
-        out += [f"--{name.strip().removeprefix('--')}", *([value.strip()] if eq else [])]
-    return out
 
 
 def expected_rows(ingest_dir: Path) -> dict[str, Any]:

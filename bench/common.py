@@ -42,6 +42,15 @@ def gencli(args: list[str], workdir: Path) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def options(spec: str) -> list[str]:
+    """'a=1,b-c=x,flag' -> ['--a', '1', '--b-c', 'x', '--flag']."""
+    out: list[str] = []
+    for part in filter(None, (s.strip() for s in spec.split(","))):
+        name, eq, value = part.partition("=")
+        out += [f"--{name.strip().removeprefix('--')}", *([value.strip()] if eq else [])]
+    return out
+
+
 def ml100k_folder() -> Path:
     """The RecBole copy of MovieLens-100k, extracted from the recbole wheel into bench/.cache (downloaded once)."""
     target = CACHE / "recbole"

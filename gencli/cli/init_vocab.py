@@ -18,6 +18,8 @@ def init_vocab(workdir, json_mode, force, **options):
     Examples:
       gencli init-vocab
       gencli init-vocab --model smollm2-135m --init gti
+      gencli init-vocab --init centroid --projection truncate --scale none   # the seed paper's rows
+      gencli init-vocab --init centroid,random,random --projection shared
       gencli init-vocab --warm-start ../yesterday-work
     """
     run_step("init-vocab", config("init-vocab", json_mode, options), workdir, json_mode, force)

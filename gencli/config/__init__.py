@@ -40,11 +40,9 @@ from gencli.config.train import (
     BATCH,
     EVAL_USERS,
     EVALS_PER_EPOCH,
-    INIT_METHODS,
     MIN_EVALS,
     PATIENCE,
     PROFILE_VARIANTS,
-    PROJECTIONS,
     RL_METHODS,
     SAP_SCORES,
     SCHEDULES,
@@ -54,7 +52,6 @@ from gencli.config.train import (
     TRAIN_TASKS,
     TRAINING,
     CptConfig,
-    InitVocabConfig,
     LoopConfig,
     ProfileConfig,
     RlConfig,
@@ -63,6 +60,7 @@ from gencli.config.train import (
     TrainingConfig,
     ValidationConfig,
 )
+from gencli.config.vocab import INIT_METHODS, PROJECTIONS, InitVocabConfig
 
 __all__ = [
     "INGEST_FORMATS",

@@ -90,7 +90,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def params(cfg: Any) -> dict[str, Any]:
     """What ``step.json`` records under ``params`` (and the fingerprint hashes): every field but input files, or
-    what the config's own ``record()`` says (cpt, sft, rl: :func:`gencli.config.train.train_record`)."""
+    what the config's own ``record()`` says (cpt, sft, rl: :func:`gencli.config.train.train_record`; init-vocab:
+    :meth:`gencli.config.vocab.InitVocabConfig.record`)."""
     if hasattr(cfg, "record"):
         return cfg.record()
     skip = {f.name for f in dataclasses.fields(cfg) if f.metadata.get("record") is False}

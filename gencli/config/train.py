@@ -1,4 +1,4 @@
-"""Configs of the steps that build and train the model: init-vocab, STAMP, cpt/sft/rl, profile.
+"""Configs of the steps that train the model: STAMP, cpt/sft/rl, profile (init-vocab's: :mod:`gencli.config.vocab`).
 
 cpt, sft and rl each have a config of their own, built from shared parts: :class:`LoopConfig` (the training loop),
 :class:`ValidationConfig` (sft, rl) and :class:`StampConfig` (cpt, sft). The parts' fields are the steps' options
@@ -23,50 +23,12 @@ from gencli.config.base import (
 )
 from gencli.steps import model_candidates, token_training_steps
 
-INIT_METHODS = ("random", "mean", "centroid", "gti")
-PROJECTIONS = ("principal", "pca", "truncate", "isometric")
 SCHEDULES = ("cosine", "linear")
 SFT_SAMPLES = ("windows", "prefixes")  # sft: how targets become samples (gencli.core.train.samples)
 SAP_SCORES = ("importance", "attention", "recency")  # how STAMP's SAP ranks tokens (--sap-score)
 SFT_STARTS = ("auto", *model_candidates("sft"))  # sft --from: auto, cpt, init-vocab
 TRAINING = token_training_steps()  # cpt, sft: the steps that train on tokens (STAMP's MAP and SAP-while-training)
 RL_METHODS = ("grpo", "dpo")  # rl --method (gencli.core.train.preference); the first is the default
-
-
-@dataclass(frozen=True)
-class InitVocabConfig:
-    """Options of ``gencli init-vocab``."""
-
-    model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
-                                "smollm2-135m (pull first).", path=True)
-    init: str = option("centroid", "How the new SID rows start.", choices=INIT_METHODS)
-    projection: str = option("principal", "centroid/gti: where each level's rows go in the model's space: principal "
-                                          "(an isometry onto the base vocabulary's top principal directions), pca "
-                                          "(model dims 0..m-1, the paper's), truncate, isometric (a random "
-                                          "isometry); gti: principal, or any other for its rows in hidden-state "
-                                          "directions.", choices=PROJECTIONS)
-    scale: bool = option(True, "centroid: each level's rows at least as far from the vocabulary mean as base rows "
-                               "are (--no-scale: the paper's unscaled centred centroids, which sit on the mean of a "
-                               "pretrained vocabulary).")
-    eps: float = option(1.0, "random: rows drawn from N(mu, eps * Sigma) of the base vocabulary.")
-    seed: int = seed_option("Seeds random init, the isometric map and GTI.")
-    gti_steps: int = option(200, "gti: optimisation steps of the projection.")
-    gti_lr: float = option(1e-2, "gti: learning rate of the projection.")
-    gti_layer: int = option(-1, "gti: hidden layer to mean-pool (-1 = last).")
-    gti_max_items: int = option(2000, "gti: item texts encoded at most (a seeded sample).")
-    device: str = device_option()
-    dtype: str = dtype_option()
-    warm_start: str = option("", "A previous workdir: continue from its most trained model (sft, else cpt, else "
-                                 "init-vocab) instead of --model, keeping its SID rows and adding only tokens new "
-                                 "here (initialised by --init); quantize must use that workdir's codebooks.", path=True)
-
-    def __post_init__(self) -> None:
-        c = Checks("init-vocab", self)
-        c.positive("eps", self.eps)
-        c.positive("gti-steps", self.gti_steps)
-        c.positive("gti-lr", self.gti_lr)
-        c.positive("gti-max-items", self.gti_max_items)
-        c.done()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ backbone"): for every init, init-vocab in a copy of WORKDIR (ingest, embed and q
 cross-entropy per SID token of the first 48 validation users' next item, teacher-forced, and the range of the
 level-0 SID logits at the position that predicts level 0.
 
-    python research/init/step0.py --workdir W --model smollm2-135m-6l [--inits random,literal,principal]
+    python research/init/step0.py --workdir W --model smollm2-135m-6l [--inits random,mean,paper,principal]
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from gencli.core.data import tables
 from gencli.core.lm.backbone import load_model
 from gencli.core.lm.prompt import build_prompt, item_token_ids, load_sid_vocab
 
-INITS = {"random": ["--init", "random"], "literal": ["--init", "centroid", "--projection", "pca", "--no-scale"],
+INITS = {"random": ["--init", "random"], "mean": ["--init", "mean"],
+         "paper": ["--init", "centroid", "--projection", "truncate", "--scale", "none"],
+         "literal": ["--init", "centroid", "--projection", "pca", "--scale", "none"],
          "pca-scale": ["--init", "centroid", "--projection", "pca"], "principal": ["--init", "centroid"],
+         "shared": ["--init", "centroid", "--projection", "shared", "--scale", "none"],
+         "shared-scale": ["--init", "centroid", "--projection", "shared", "--scale", "shared"],
          "gti": ["--init", "gti"]}
 
 

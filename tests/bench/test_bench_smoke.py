@@ -149,6 +149,19 @@ def test_init_compare_runs_one_variant(embedded_workdir, tmp_path):
 
 
 @pytest.mark.slow
+def test_init_paper_runs_its_variants_and_pairs_them(embedded_workdir, tmp_path):
+    _shared_copy(embedded_workdir, tmp_path / "shared-default")
+    out = tmp_path / "results.json"
+    proc = run_bench("bench/init_paper.py", "--model", "tiny", "--sids", "text", "--inits", "mean,paper",
+                     "--max-steps", "2", "--eval-every", "2", "--val-users", "10", "--test-users", "10",
+                     "--sft", "batch-size=4,max-history=5", "--workroot", str(tmp_path), "--out", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(runs) == ["text/mean/seed0", "text/paper/seed0"]
+    assert all(r["steps"] == 2 and r["cold_users"] > 0 for r in runs.values())
+    assert "| text | paper | mean |" in proc.stdout
+
+
+@pytest.mark.slow
 def test_throughput_measures_the_three_losses(embedded_workdir, tmp_path):
     _shared_copy(embedded_workdir, tmp_path / "shared")
     out = tmp_path / "results.json"

@@ -124,16 +124,30 @@ def check_model_folder(path: Path) -> None:
         raise ArtifactError(f"model folder {path} has no weights ({WEIGHT_FILES[0]} is missing)", damaged=path)
 
 
+def keep_layers(model, keep: tuple[int, ...] | list[int]) -> None:
+    """Cut a Llama/Qwen-style causal LM in place to the decoder layers ``keep`` (indices, in order; the embedding,
+    final norm and head stay): a shallower model with the same vocabulary (the smollm2-135m-6l preset)."""
+    layers = model.model.layers
+    n = len(layers)
+    keep = [int(i) for i in keep]
+    if not 1 <= len(keep) < n or sorted(set(keep)) != keep or not 0 <= keep[0] <= keep[-1] < n:
+        raise ArtifactError(f"cannot keep layers {keep} of a {n}-layer model: give 1..{n - 1} increasing indices "
+                            f"in 0..{n - 1}")
+    model.model.layers = torch.nn.ModuleList([layers[i] for i in keep])
+    for position, layer in enumerate(model.model.layers):  # the KV cache indexes layers by position
+        if hasattr(getattr(layer, "self_attn", None), "layer_idx"):
+            layer.self_attn.layer_idx = position
+    model.config.num_hidden_layers = len(keep)
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = [model.config.layer_types[i] for i in keep]
+
+
 def keep_first_layers(model, layers: int) -> None:
-    """Cut a Llama/Qwen-style causal LM to its first ``layers`` decoder layers in place (the final norm and the head
-    stay): a shallower model with the same vocabulary, embedding and early layers (the smollm2-135m-6l preset)."""
+    """Cut a causal LM in place to its first ``layers`` decoder layers (:func:`keep_layers`)."""
     n = len(model.model.layers)
     if not 1 <= layers < n:
         raise ArtifactError(f"cannot keep the first {layers} layers of a {n}-layer model: give 1..{n - 1}")
-    model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:layers]
+    keep_layers(model, range(layers))
 
 
 def special_ids(tokenizer) -> dict[str, int | None]:

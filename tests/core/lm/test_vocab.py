@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import factories
+from helpers.initvocab import TEXTS, base_mu, embeddings, quantize_like, run
 
 from gencli.config import InitVocabConfig
 from gencli.core import artifacts
-from gencli.core.lm import vocab
+from gencli.core.lm import frames, vocab
 from gencli.core.lm.backbone import save_model
 from gencli.core.lm.gti import GTI_LOSS_FILE
 from gencli.core.lm.presets import build_tiny, tiny_config, train_tiny_tokenizer
@@ -24,13 +24,6 @@ D_MODEL = 128  # hidden size of the tiny preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-
-def catalog_texts(n: int = 120) -> list[str]:
-    return factories.catalog_texts(n)
-
-
-TEXTS = catalog_texts()
 
 
 @pytest.fixture(scope="module")
@@ -48,37 +41,6 @@ def untied_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("untied") / "base"
     save_model(model, tok, out)
     return out
-
-
-def quantize_like(levels=(8, 4), dedup=3, d=16, n_items=len(TEXTS), seed=0):
-    """Hand-made quantize artifacts: codebooks, sids [n, L+1] and the token map."""
-    rng = np.random.default_rng(seed)
-    codebooks = [rng.normal(size=(k, d)).astype(np.float32) for k in levels]
-    sids = np.stack([rng.integers(0, k, n_items) for k in (*levels, dedup)], axis=1).astype(np.int32)
-    sizes = [*levels, dedup]
-    token_map = {"levels": sizes, "tokens": [[artifacts.sid_token(lv, k) for k in range(n)] for lv, n in enumerate(sizes)]}
-    return codebooks, sids, token_map
-
-
-def run(base, out, codebooks=None, sids=None, token_map=None, texts=TEXTS, **cfg):
-    if codebooks is None:
-        codebooks, sids, token_map = quantize_like()
-    cfg.setdefault("device", "cpu")
-    metrics = vocab.run(InitVocabConfig(**cfg), base, texts, codebooks, sids, token_map, out)
-    json.dumps(metrics)  # JSON-serialisable
-    return metrics
-
-
-def embeddings(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    return model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
-
-
-def base_mu(weight: torch.Tensor, n: int) -> torch.Tensor:
-    """mu_base as init-vocab computes it (chunked float64 sum / n); see test_base_stats for its accuracy."""
-    return vocab.base_stats(weight, n).mu
 
 
 def test_base_stats_match_torch_reference():
@@ -137,7 +99,7 @@ def test_mean_init_rows_are_exactly_mu(tied_dir, tmp_path):
 
 def test_centroid_truncate_is_exactly_c_minus_cbar_plus_mu(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=D_MODEL)
-    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale=False)
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale="none")
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -148,12 +110,12 @@ def test_centroid_truncate_is_exactly_c_minus_cbar_plus_mu(tied_dir, tmp_path):
         expected = ((c - c.mean(0)) + mu).float()
         assert torch.equal(new_in[offset:offset + len(cb)], expected)
         offset += len(cb)
-    assert metrics["projection"] == "truncate" and metrics["scale"] is False
+    assert metrics["projection"] == "truncate" and metrics["scale"] == "none"
 
 
 def test_centroid_truncate_pads_and_cuts(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=8)
-    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale=False)
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="truncate", scale="none")
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -168,7 +130,7 @@ def pairwise(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("projection,tol", [("pca", 1e-5), ("isometric", 1e-5), ("principal", 1e-5)])
 def test_pca_isometric_and_principal_preserve_centroid_distances(tied_dir, tmp_path, projection, tol):
     codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
-    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection=projection, scale=False)
+    run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection=projection, scale="none")
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     offset = base_in.shape[0]
@@ -184,7 +146,7 @@ def test_pca_map_uses_principal_coordinates():
     rng = np.random.default_rng(3)
     x = torch.from_numpy(rng.normal(size=(10, 6)) * np.array([5, 4, 3, 2, 1, 0.5]))
     x = x - x.mean(0)
-    out = vocab.pca_map(x, 4)  # m = min(6, 10, 4) = 4 directions
+    out = frames.pca_map(x, 4)  # m = min(6, 10, 4) = 4 directions
     assert out.shape == (10, 4)
     variances = out.pow(2).mean(0)
     assert torch.all(variances[:-1] >= variances[1:])  # ordered by explained variance
@@ -195,20 +157,20 @@ def test_isometric_needs_d_at_most_d_model(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=D_MODEL + 1)
     with pytest.raises(InputError, match="isometric"):
         run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="isometric")
-    q = vocab.isometric_matrix(16, D_MODEL, seed=0)
+    q = frames.isometric_matrix(16, D_MODEL, seed=0)
     assert torch.allclose(q.T @ q, torch.eye(16, dtype=torch.float64), atol=1e-12)
-    assert torch.equal(q, vocab.isometric_matrix(16, D_MODEL, seed=0))
-    assert not torch.equal(q, vocab.isometric_matrix(16, D_MODEL, seed=1))
+    assert torch.equal(q, frames.isometric_matrix(16, D_MODEL, seed=0))
+    assert not torch.equal(q, frames.isometric_matrix(16, D_MODEL, seed=1))
 
 
 def test_scale_rule_lifts_short_levels_to_the_base_spread_and_keeps_long_ones(tied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like()
     long_rows = run(tied_dir, tmp_path / "long", codebooks, sids, token_map, init="centroid", projection="pca")
-    kept = run(tied_dir, tmp_path / "kept", codebooks, sids, token_map, init="centroid", projection="pca", scale=False)
+    kept = run(tied_dir, tmp_path / "kept", codebooks, sids, token_map, init="centroid", projection="pca", scale="none")
     assert long_rows["geometry"] == kept["geometry"]  # N(0, 1) codebooks sit farther than tiny's base rows: kept
     assert long_rows["geometry"]["levels"][0]["distance_ratio"] > 2
     codebooks = [cb * 1e-3 for cb in codebooks]  # far nearer mu than the base rows: lifted to their spread
-    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="pca", scale=True)
+    metrics = run(tied_dir, tmp_path, codebooks, sids, token_map, init="centroid", projection="pca", scale="level")
     base_in, _ = embeddings(tied_dir)
     new_in, _ = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -245,7 +207,7 @@ def test_random_init_follows_base_mean_and_covariance(tied_dir, tmp_path):
 def test_untied_lm_head_rows_are_initialised_too(untied_dir, tmp_path):
     codebooks, sids, token_map = quantize_like(d=D_MODEL)
     metrics = run(untied_dir, tmp_path / "c", codebooks, sids, token_map, init="centroid", projection="truncate",
-                  scale=False)
+                  scale="none")
     assert metrics["tied"] is False
     base_in, base_out = embeddings(untied_dir)
     new_in, new_out = embeddings(tmp_path / "c" / artifacts.MODEL_DIR)
@@ -305,14 +267,16 @@ def test_model_that_already_has_sid_tokens_is_refused(tied_dir, tmp_path):
 @pytest.mark.parametrize("init", ["centroid", "gti"])
 def test_default_rows_sit_at_the_base_spread_in_the_base_principal_subspace(tied_dir, untied_dir, tmp_path, tied,
                                                                             init):
-    """The defaults (projection principal, scale): every level's rows lie as far from mu as the base rows do, in
-    the span of the base rows' top principal directions, each matrix by its own statistics (untied: the head's)."""
+    """centroid's defaults (projection principal, scale level) and gti placed principal: every level's rows lie as far
+    from mu as the base rows do, in the span of the base rows' top principal directions, each matrix by its own
+    statistics (untied: the head's)."""
     base = tied_dir if tied else untied_dir
     codebooks, sids, token_map = quantize_like(levels=(8, 4), d=16)
     codebooks = [cb * 1e-3 for cb in codebooks]  # short centred centroids, as text vectors give on a pretrained LM
-    extra = {"gti_steps": 5, "gti_max_items": 40} if init == "gti" else {}
+    extra = {"gti_steps": 5, "gti_max_items": 40, "gti_placement": "principal"} if init == "gti" else {}
     metrics = run(base, tmp_path, codebooks, sids, token_map, init=init, **extra)
-    assert metrics["projection"] == "principal" and metrics["scale"] is True and metrics["tied"] is tied
+    assert metrics["tied"] is tied
+    assert (metrics["projection"], metrics["scale"]) == (("principal", "level") if init == "centroid" else (None, None))
     base_in, base_out = embeddings(base)
     new_in, new_out = embeddings(tmp_path / artifacts.MODEL_DIR)
     n = base_in.shape[0]
@@ -346,7 +310,7 @@ def test_init_vocab_reports_where_rows_sit_and_how_users_differ(tied_dir, tmp_pa
         assert lv["distance"] == pytest.approx(shape["base"]["distance"], rel=1e-5)
         assert lv["distance_ratio"] == pytest.approx(1.0, rel=1e-5)
     assert shape["base"]["distance"] == pytest.approx(metrics["base_rows_centred_norm_mean"], rel=1e-6)
-    literal = vocab.run(InitVocabConfig(device="cpu", init="centroid", projection="pca", scale=False), tied_dir,
+    literal = vocab.run(InitVocabConfig(device="cpu", init="centroid", projection="pca", scale="none"), tied_dir,
                         TEXTS, codebooks, sids, token_map, tmp_path / "literal", sequences=sequences)
     assert literal["geometry"]["levels"][0]["distance_ratio"] != pytest.approx(1.0, rel=1e-3)
 
