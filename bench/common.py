@@ -129,6 +129,16 @@ def prepare_shared(dataset: str, workdir: Path, levels: int, codes: int, seed: i
     }
 
 
+def run_once(results: dict, out: Path, key: str, run, *args: Any) -> dict | None:
+    """A resumable bench's one variant: ``run(*args)``'s row stored under ``results["runs"][key]`` and saved to ``out``
+    at once (a killed run keeps every finished variant); None when ``key`` was already done."""
+    if key in results["runs"]:
+        return None
+    row = results["runs"][key] = run(*args)
+    write_json_atomic(out, results)
+    return row
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temp file + rename, so a crash never leaves a half-written results file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, gencli, prepare_shared, write_json_atomic
+from common import CACHE, gencli, prepare_shared, run_once
 
 INITS = ("random", "mean", "centroid", "gti")
 REGIMES = ("sft", "cpt+sft")
@@ -167,13 +167,10 @@ def main(argv: list[str] | None = None) -> None:
             for regime in args.regimes.split(","):
                 for init in args.inits.split(","):
                     key = f"{dataset}/{regime}/{init}/seed{seed}"
-                    if key in results["runs"]:
-                        continue
-                    row = run_variant(args, dataset, shared, regime, init, seed)
-                    results["runs"][key] = row
-                    write_json_atomic(args.out, results)
-                    print(f"{key}: R@5 {row['recall@5']:.4f} R@10 {row['recall@10']:.4f} "
-                          f"cold R@5 {row['cold_recall@5']:.4f} t* {row['t_star']} ({row['seconds']}s)", flush=True)
+                    row = run_once(results, args.out, key, run_variant, args, dataset, shared, regime, init, seed)
+                    if row is not None:
+                        print(f"{key}: R@5 {row['recall@5']:.4f} R@10 {row['recall@10']:.4f} cold R@5 "
+                              f"{row['cold_recall@5']:.4f} t* {row['t_star']} ({row['seconds']}s)", flush=True)
     print(table(list(results["runs"].values())))
 
 

@@ -38,7 +38,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import CACHE, gencli, options, prepare_shared, write_json_atomic
+from common import CACHE, gencli, options, prepare_shared, run_once
 
 from gencli.core.artifacts import METRICS_JSONL
 
@@ -199,13 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         for sids in args.sids.split(","):
             for init in args.inits.split(","):
                 key = f"{sids}/{init}/seed{seed}"
-                if key in results["runs"]:
-                    continue
-                row = run_variant(args, shared[sids], sids, init, seed)
-                results["runs"][key] = row
-                write_json_atomic(args.out, results)
-                print(f"{key}: t* {row['t_star']} R@5 {row['recall@5']:.4f} R@10 {row['recall@10']:.4f} cold R@5 "
-                      f"{row['cold_recall@5']:.4f} ({row['seconds']}s)", flush=True)
+                row = run_once(results, args.out, key, run_variant, args, shared[sids], sids, init, seed)
+                if row is not None:
+                    print(f"{key}: t* {row['t_star']} R@5 {row['recall@5']:.4f} R@10 {row['recall@10']:.4f} "
+                          f"cold R@5 {row['cold_recall@5']:.4f} ({row['seconds']}s)", flush=True)
     print(table(list(results["runs"].values())))
 
 

@@ -132,12 +132,9 @@ def blend_text(ranking: dict[str, Any]) -> str:
     weight, prefix = float(ranking.get("weight", 1.0)), float(ranking.get("prefix", 0.0))
     if weight >= 1.0:
         return "the model alone"
-    boost, slot = float(ranking.get("cold", 0.0)), int(ranking.get("slot", 0))
+    boost = float(ranking.get("cold", 0.0))
     return (f"model {weight:.2g} + prefix {prefix:.2g} + content {max(0.0, 1 - weight - prefix):.2g}"
-            + (f", text boost {boost:g}" if boost else "")
-            + (f", place {slot}: the text's best of its top {ranking.get('depth')} with <= {ranking.get('rare')} "
-               f"training targets"
-               if slot else ""))
+            + (f", text boost {boost:g}" if boost else ""))
 
 
 def _short(key: str) -> str:

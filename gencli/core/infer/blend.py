@@ -225,7 +225,6 @@ def reserved_places(c: Candidates, blend: Blend, logp: np.ndarray) -> np.ndarray
     content = c.content[float(blend.temperature)]
     tie = np.where(c.items >= 0, c.items, never)
     text_order = np.lexsort((tie, -content), axis=-1)[:, : blend.depth]
-    rows = np.arange(len(places))[:, None]
     rare = np.take_along_axis(c.evidence, text_order, axis=1) >= 1.0 / (1.0 + blend.rare) - 1e-12
     ok = rare & np.isfinite(np.take_along_axis(content, text_order, axis=1)) & \
         (np.take_along_axis(places, text_order, axis=1) >= blend.slot)
@@ -234,7 +233,7 @@ def reserved_places(c: Candidates, blend: Blend, logp: np.ndarray) -> np.ndarray
     was = places[np.arange(len(places)), moved]  # its blended place (never: not listed before)
     shift = has[:, None] & (places >= blend.slot) & (places < was[:, None])
     out = np.where(shift, places + 1, places)
-    out[rows[has, 0], moved[has]] = blend.slot
+    out[np.flatnonzero(has), moved[has]] = blend.slot
     return out
 
 

@@ -75,19 +75,10 @@ def fit_blend(c: Candidates, targets: np.ndarray, k: int = FIT_K, step: float = 
             for t in temps:
                 for b in boosts if weight < 1 else (0.0,):
                     blend = Blend(weight, min(prefix, 1 - weight), t, b)
-                    ranks = target_ranks(c, blend, targets)
-                    row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
-                    cold_score = 0.0
-                    if use_cold:
-                        row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
-                        row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
-                        cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
-                    if may_widen:
-                        per_user.append(user_scores(ranks, k))
-                    table.append(row)
-                    keys.append((round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), weight, -prefix, -abs(t - 0.2), -b))
+                    score = score_point(c, blend, targets, k, cold if use_cold else None, may_widen, table,
+                                        colds, per_user)
+                    keys.append((score, weight, -prefix, -abs(t - 0.2), -b))
                     blends.append(blend)
-                    colds.append(cold_score)
     if not blends:
         raise ValueError("fit_blend: no blend to try")
     index = list(range(len(blends)))
@@ -120,20 +111,12 @@ def fit_slot(c: Candidates, targets: np.ndarray, blend: Blend, k: int = FIT_K, c
     if use_cold and int(np.sum(cold)) >= MIN_WIDEN_USERS:
         text = user_scores(rank_of_target(content_ranking(c, k), targets)[cold], k).mean()
     points = [blend] + [replace(blend, slot=p, depth=d, rare=r) for p in SLOTS for d in SLOT_DEPTHS for r in SLOT_RARE]
-    keys, colds, per_user = [], [], []
+    keys: list[tuple] = []
+    colds: list[float] = []
+    per_user: list[np.ndarray] = []
     for b in points:
-        ranks = target_ranks(c, b, targets)
-        row = {**b.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
-        cold_score = 0.0
-        if use_cold:
-            row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
-            row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
-            cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
-        if text is not None:
-            per_user.append(user_scores(ranks, k))
-        table.append(row)
-        keys.append((round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12), -bool(b.slot), b.slot, -b.depth, -b.rare))
-        colds.append(cold_score)
+        score = score_point(c, b, targets, k, cold if use_cold else None, text is not None, table, colds, per_user)
+        keys.append((score, -bool(b.slot), b.slot, -b.depth, -b.rare))
     index = list(range(len(points)))
     if use_cold and cold_floor is not None:
         index = [i for i in index if colds[i] >= round(cold_floor, 12)] or [0]
@@ -141,6 +124,25 @@ def fit_slot(c: Candidates, targets: np.ndarray, blend: Blend, k: int = FIT_K, c
     if use_cold:
         best = cold_choice(index, best, keys, colds, per_user, text)
     return points[best], table
+
+
+def score_point(c: Candidates, blend: Blend, targets: np.ndarray, k: int, cold: np.ndarray | None, paired: bool,
+                table: list[dict], colds: list[float], per_user: list[np.ndarray]) -> float:
+    """Score one point of a fit on these users: appends its row (Recall@k, NDCG@k, the ``cold`` users' when they
+    have a say) to ``table``, their Recall@k + NDCG@k (0 without a say) to ``colds`` and, with ``paired``, each
+    user's hit@k + NDCG@k to ``per_user``; returns Recall@k + NDCG@k of every user (rounded, for the keys)."""
+    ranks = target_ranks(c, blend, targets)
+    row = {**blend.to_dict(), f"recall@{k}": recall_at_k(ranks, k), f"ndcg@{k}": ndcg_at_k(ranks, k)}
+    cold_score = 0.0
+    if cold is not None:
+        row[f"cold_recall@{k}"] = recall_at_k(ranks[cold], k)
+        row[f"cold_ndcg@{k}"] = ndcg_at_k(ranks[cold], k)
+        cold_score = round(row[f"cold_recall@{k}"] + row[f"cold_ndcg@{k}"], 12)
+    if paired:
+        per_user.append(user_scores(ranks, k))
+    table.append(row)
+    colds.append(cold_score)
+    return round(row[f"recall@{k}"] + row[f"ndcg@{k}"], 12)
 
 
 def cold_choice(index: list[int], best: int, keys: list[tuple], colds: list[float], per_user: list[np.ndarray],
