@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                  "(comma-separated; bench/common.py)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--inits", default=",".join(INITS), help="gencli init-vocab inits to run")
-    p.add_argument("--model", default="tiny", help="gencli init-vocab --model: tiny, smollm2-135m-6l (pull it "
+    p.add_argument("--model", default="tiny", help="gencli init-vocab --model: tiny, tiger, smollm2-135m-6l (pull it "
                                                    "first), smollm2-135m or a folder")
     p.add_argument("--init-vocab", default="", help='extra gencli init-vocab options, e.g. "projection=pca,no-scale"')
     p.add_argument("--sft", default="", help='extra gencli sft options, e.g. "max-steps=400,lr=0.003,stamp"')

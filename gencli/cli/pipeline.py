@@ -32,7 +32,7 @@ from gencli.config import RunConfig
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--init", default=None,
               help="Override init-vocab's --init (random, mean, centroid, gti, or one per level: centroid,mean,mean).")
-@click.option("--model", default=None, help="Override init-vocab's --model (tiny, smollm2-135m or a folder).")
+@click.option("--model", default=None, help="Override init-vocab's --model (tiny, tiger, smollm2-135m or a folder).")
 @click.option("--seed", type=int, default=None, help="Override the seed of every seeded step.")
 @click.option("--set", "sets", multiple=True, metavar="STEP.OPTION=VALUE", help="Override any option, repeatable.")
 @config_options(RunConfig)

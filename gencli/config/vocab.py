@@ -8,6 +8,7 @@ from typing import Any
 from gencli.config.base import Checks, device_option, dtype_option, option, seed_option, to_dict
 
 INIT_METHODS = ("random", "mean", "centroid", "gti")
+BUILT_MODELS = ("tiny", "tiger")  # --model presets built in the workdir from the catalog text (core/lm/presets.py)
 PROJECTIONS = ("principal", "shared", "pca", "truncate", "isometric")  # centroid's map from text space (core/lm/vocab)
 SCALES = ("level", "shared", "none")  # centroid: how its rows are rescaled towards the base spread
 GTI_PLACEMENTS = ("hidden", "principal")  # gti: where its fitted rows go
@@ -18,8 +19,9 @@ class InitVocabConfig:
     """Options of ``gencli init-vocab``. The seed paper's centroid init ("Preserving Item Semantics for Free"):
     ``--init centroid --projection truncate --scale none``."""
 
-    model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog), "
-                                "smollm2-135m (pull first).", path=True)
+    model: str = option("tiny", "Local HF causal-LM folder, or a preset: tiny (built from the catalog, ~1M "
+                                "parameters), tiger (the same at TIGER's size, ~5M), smollm2-135m or "
+                                "smollm2-135m-6l (pull first).", path=True)
     init: str = option("centroid", "How the new SID rows start: random, mean, centroid or gti; one name for every "
                                    "level, or one per codebook level, comma-separated (centroid,mean,mean: level 0 "
                                    "from its centroids, the residual levels at the vocabulary mean), plus optionally "

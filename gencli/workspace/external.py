@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gencli.config.vocab import BUILT_MODELS
 from gencli.errors import InputError
 
 
@@ -94,7 +95,7 @@ def init_vocab(cfg) -> External:
     """--warm-start: the previous workdir's most trained model; else the backbone's fingerprint (a replaced model
     folder makes init-vocab rerun)."""
     if not cfg.warm_start:
-        return External(params={} if cfg.model == "tiny" else {"model_files": _model_fingerprint(cfg.model)})
+        return External(params={} if cfg.model in BUILT_MODELS else {"model_files": _model_fingerprint(cfg.model)})
     from gencli.core.inputs import model_files
 
     prev = previous_workspace(cfg.warm_start, "--warm-start")

@@ -21,7 +21,7 @@ from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.infer.blend import content_ranking, rank
 from gencli.core.infer.blendfile import BlendFile, ranker_of
-from gencli.core.infer.fit import fit_blend
+from gencli.core.infer.fit import fit_blend, fit_slot
 from gencli.core.infer.metrics import ndcg_at_k, rank_of_target, recall_at_k, seeded_subsample
 from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
 from gencli.core.sid import embed, store
@@ -80,16 +80,16 @@ def main() -> None:
         data[name] = (c, tgt, counts[tgt] <= 1, hist)
         print(split, "targets with 0 / 1 training targets:", int((counts[tgt] == 0).sum()), int((counts[tgt] == 1).sum()))
     c, tgt, cold, _ = data["valid"]
-    plain = fit_blend(c, tgt, cold=cold, slots=False)[0]
-    blend, _ = fit_blend(c, tgt, cold=cold)
+    plain = fit_blend(c, tgt, cold=cold)[0]
+    blend = fit_slot(c, tgt, plain, 10, cold)[0]
     if a.slot_all:
-        from gencli.core.infer.fit import fit_slot, user_scores
+        from gencli.core.infer.fit import user_scores
 
         ca, ta, cola, _ = data["all"]
         text = user_scores(rank_of_target(content_ranking(ca, 10), ta)[cola], 10).mean()
         print(f"all valid users {len(ta)}, cold {int(cola.sum())}, text's cold score {text:.4f}")
         for name, cl in (("say", cola), ("no say", None)):
-            b = fit_slot(ca, ta, plain, 10, cl, text if cl is not None else None, None, [])
+            b = fit_slot(ca, ta, plain, 10, cl)[0]
             print(f"slot on all valid ({name}): {b.to_dict()}")
             for nm, (cc, targets, cl2, _) in (("valid", data["valid"]), ("test", data["test"])):
                 print(f"{nm:5s} {score(rank(cc, b, 10)[0], targets, cl2)}")

@@ -162,12 +162,17 @@ def test_init_paper_runs_its_variants_and_pairs_them(embedded_workdir, tmp_path)
 
 
 @pytest.mark.slow
-def test_throughput_measures_the_three_losses(embedded_workdir, tmp_path):
+def test_throughput_measures_the_three_losses_and_backbones_side_by_side(embedded_workdir, tmp_path):
     _shared_copy(embedded_workdir, tmp_path / "shared")
     out = tmp_path / "results.json"
-    proc = run_bench("bench/throughput.py", "--backbones", "tiny", "--threads", "1", "--repeats", "1",
-                     "--steps", "tiny=2", "--batch-size", "tiny=4", "--workroot", str(tmp_path), "--out", str(out))
-    assert "| tiny | 1 |" in proc.stdout
+    proc = run_bench("bench/throughput.py", "--backbones", "tiny,tiger", "--threads", "1", "--repeats", "2",
+                     "--steps", "tiny=2,tiger=2", "--batch-size", "tiny=4,tiger=4", "--workroot", str(tmp_path),
+                     "--out", str(out))
+    rows = json.loads(out.read_text())
+    assert sorted({(r["backbone"], r["mode"], r["repeat"]) for r in rows}) == sorted(
+        (b, m, rep) for b in ("tiny", "tiger") for m in ("full", "sid", "hf") for rep in (0, 1))
+    assert {r["backbone"]: r["params"] for r in rows}["tiger"] > 4 * {r["backbone"]: r["params"] for r in rows}["tiny"]
+    assert "| tiny | 1 |" in proc.stdout and "| tiger | 1 | full |" in proc.stdout
 
 
 @pytest.mark.slow

