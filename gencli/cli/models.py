@@ -9,8 +9,8 @@ from gencli.cli.common import JSON_OPTION, fail
 
 @click.group()
 def models() -> None:
-    """Backbone presets: tiny (built from the catalog), smollm2-135m (pretrained, pulled once) and smollm2-135m-6l
-    (its first 3 and last 3 layers: pretrained, trains on a CPU).
+    """Backbone presets: tiny and tiger (TIGER's size; both built from the catalog), smollm2-135m (pretrained,
+    pulled once) and smollm2-135m-6l (its first 3 and last 3 layers: pretrained, trains on a CPU).
 
     \b
     Examples:

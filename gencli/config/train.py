@@ -145,6 +145,9 @@ class ValidationConfig:
     eval_users: int = option(EVAL_USERS, "Validation users: every valid user up to N, above that a subsample of N "
                                          "that is the same for every --seed (0 = all).")
     eval_beams: int = option(10, "Beam width of the validation search (>= 10: NDCG@10).")
+    fit_beams: int = option(0, "Beam width of the decode the final blend and the reserved place are fitted on (0 = "
+                               "--eval-beams; 20 = what eval and recommend serve with: one more decode of the "
+                               "validation users at the end, docs/usage.md).")
     patience: int = option(PATIENCE, "Stop after N validations in a row below the best by more than the "
                                      "validation's noise (sft and rl: NDCG@10 of the served ranking, noise its "
                                      "standard error on the validation users; 0 = off).")
@@ -160,6 +163,8 @@ class ValidationConfig:
         c.positive("eval-users", self.eval_users, allow_zero=True)
         c.require(10 <= self.eval_beams <= MAX_BEAMS,
                   f"--eval-beams must be in [10, {MAX_BEAMS}] for validation NDCG@10 (got {self.eval_beams})")
+        c.require(self.fit_beams == 0 or 10 <= self.fit_beams <= MAX_BEAMS,
+                  f"--fit-beams must be 0 (= --eval-beams) or in [10, {MAX_BEAMS}] (got {self.fit_beams})")
         c.positive("patience", self.patience, allow_zero=True)
         c.positive("average", self.average)
         return c.problems
@@ -355,7 +360,7 @@ TRAIN_TASKS = tuple(cls.step for cls in (CptConfig, SftConfig, RlConfig))  # the
 RECORD_ORDER = ("task", "start_from", "epochs", "max_steps", "batch_size", "grad_accum", "lr", "weight_decay",
                 "warmup_ratio", "schedule", "dropout", "max_grad_norm", "max_history", "max_prefixes", "samples",
                 "text_to_sid", "max_text_tokens", "sid_softmax", "eval_every", "evals_per_epoch", "eval_users",
-                "eval_beams", "patience", "min_evals", "average", "method", "rollouts", "kl", "negatives", "beta",
+                "eval_beams", "fit_beams", "patience", "min_evals", "average", "method", "rollouts", "kl", "negatives", "beta",
                 "rl_targets", "max_prompts", "rollout_seen", "max_time", "save_every", "log_every", "keep_checkpoints",
                 "stamp", "seed", "device", "dtype")
 

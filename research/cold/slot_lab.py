@@ -2,6 +2,7 @@
 
     python research/text/decode_cache.py W --step sft --beams 20 --policies masked --out C.npz
     python research/cold/slot_lab.py W --cache C.npz [--fit-users 2000]
+    python research/cold/slot_lab.py W --cache C20.npz --valid-cache C10.npz   # fitted on 10 beams, tested on 20
 
 Builds the workdir's ranker from sft/blend.json exactly as eval does (text mix, repeat share, counts), fits the blend
 with gencli's fit_blend on the valid users (the first --fit-users of a seeded subsample, as sft's validation), then
@@ -53,8 +54,10 @@ def main() -> None:
     p.add_argument("--cache", type=Path, required=True)
     p.add_argument("--fit-users", type=int, default=2000)
     p.add_argument("--slot-all", action="store_true", help="also fit the reserved place on every valid user")
+    p.add_argument("--valid-cache", type=Path, help="the valid split from this cache (e.g. decoded with other beams)")
     a = p.parse_args()
     w, z = a.workdir, dict(np.load(a.cache))
+    zv = dict(np.load(a.valid_cache)) if a.valid_cache else z
     items = tables.load_items(w / "ingest")
     train = tables.load_split(w / "ingest", "train")
     n = items.height
@@ -67,15 +70,16 @@ def main() -> None:
     data = {}
     for split in ("valid", "test", "all") if a.slot_all else ("valid", "test"):
         name, split = split, "valid" if split == "all" else split
-        df = tables.load_split(w / "ingest", split)[z[f"{split}_rows"]]
+        zs = zv if split == "valid" else z
+        df = tables.load_split(w / "ingest", split)[zs[f"{split}_rows"]]
         sub = np.arange(df.height)
         if name == "valid" and a.fit_users:
             sub = seeded_subsample(df.height, a.fit_users, 0)
         df = df[sub]
         hist = [list(h) for h in df["history"].to_list()]
         tgt = df["target"].to_numpy().astype(np.int64)
-        c = ranker.candidates(z[f"{split}_masked_items"][sub], z[f"{split}_masked_scores"][sub],
-                              z[f"{split}_masked_first"][sub], hist, True,
+        c = ranker.candidates(zs[f"{split}_masked_items"][sub], zs[f"{split}_masked_scores"][sub],
+                              zs[f"{split}_masked_first"][sub], hist, True,
                               temperatures=sorted({0.02, 0.05, 0.1, 0.2, 0.5, 1.0}))
         data[name] = (c, tgt, counts[tgt] <= 1, hist)
         print(split, "targets with 0 / 1 training targets:", int((counts[tgt] == 0).sum()), int((counts[tgt] == 1).sum()))

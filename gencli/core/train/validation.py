@@ -114,7 +114,8 @@ class Validation:
         # under torchrun only rank 0 wrote the model (fit returns there after writing it): every rank decodes it
         model_dir = dist.broadcast(Path(model_dir))
         model = None
-        if self.best is not None and self.runs == evals and self.best[0] == best:
+        same_beams = self.fit_beams == self.cfg.eval_beams
+        if same_beams and self.best is not None and self.runs == evals and self.best[0] == best:
             cands = {"exclude_seen": self.best[1]}
         else:
             model, _ = load_model(model_dir, self.device, torch.float32)
@@ -133,7 +134,7 @@ class Validation:
             scores[policy] = _scores(c, blends[policy], ev.targets, cold)
             by_history[policy], buckets[policy] = fit_by_history(c, ev.targets, ev.histories, blends[policy])
         fitted = {"split": "valid", "users": len(ev.targets), "cold_users": int(cold.sum()) if cold is not None
-                  else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.cfg.eval_beams, "grid_step": 0.1,
+                  else None, "cold_tolerance": COLD_TOLERANCE, "beams": self.fit_beams, "grid_step": 0.1,
                   "temperatures": list(TEMPERATURES), "objective": f"recall@{FIT_K} + ndcg@{FIT_K}",
                   "valid": scores["exclude_seen"], "valid_include_seen": scores["include_seen"],
                   "history_buckets": buckets, **({"cold_floors": cold_floors} if cold_floors else {}),
@@ -176,12 +177,17 @@ class Validation:
                               "grid": grid}
         return out, record
 
+    @property
+    def fit_beams(self) -> int:
+        """The beam width the final fit decodes with (``--fit-beams``, else the validation's own)."""
+        return self.cfg.fit_beams or self.cfg.eval_beams
+
     def _decode(self, evaluator: Evaluator, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
-        return evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,
+        return evaluator(model, self.ks, self.fit_beams, self.batch_size, device=self.device,
                          softmax_rows=self.softmax_rows, prune=self.prune, exclude_seen=exclude_seen).candidates
 
     def _candidates(self, model: torch.nn.Module, exclude_seen: bool) -> Candidates:
-        return self.evaluator(model, self.ks, self.cfg.eval_beams, self.batch_size, device=self.device,
+        return self.evaluator(model, self.ks, self.fit_beams, self.batch_size, device=self.device,
                               softmax_rows=self.softmax_rows, prune=self.prune, fit_step=VALID_FIT_STEP,
                               exclude_seen=exclude_seen).candidates
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -166,3 +167,29 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
     assert (stats == np.load(tmp_path / "whole" / artifacts.ITEM_PRIOR)).all()
     with pytest.raises(Exception, match="embed has vectors for 3 items"):
         sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "bad", embeddings=emb[:3])
+
+
+def test_sft_fits_the_final_blend_on_the_beams_it_is_told(tmp_path):
+    """--fit-beams 20: validation decodes 10 beams, the final fit (shares and place) decodes the best model with 20,
+    what eval serves with; a fresh Validation decoding the saved model at 20 beams fits the same file."""
+    import numpy as np
+
+    from gencli.core.train.validation import content_ranker
+
+    model_dir, vocab_path = build_sid_model(tmp_path / "in")
+    train, valid = toy_splits()
+    emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
+    cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=10,
+                       fit_beams=20, patience=0)
+    out = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "w", embeddings=emb)
+    record = json.loads((tmp_path / "w" / artifacts.BLEND).read_text())
+    assert record["fit"]["beams"] == 20 and record["fit"]["slots"]["exclude_seen"]["users"] == 12
+    vocab = load_sid_vocab(vocab_path)
+    tokens = item_token_ids(CODES, vocab)
+    for beams, same in ((20, True), (10, False)):
+        fresh = Validation(valid, tokens, vocab, replace(cfg.validation, fit_beams=beams), torch.device("cpu"),
+                           max_history=cfg.max_history, batch_size=cfg.loop.batch_size,
+                           ranker=content_ranker(emb, tokens, train))
+        again, _ = fresh.final_blend(tmp_path / "w" / artifacts.MODEL_DIR, evals=2, best=out["peak_ndcg@10"])
+        fit = json.loads(again.to_json())["fit"]
+        assert (fit["grid"] == record["fit"]["grid"]) is same and fit["beams"] == beams
