@@ -360,9 +360,9 @@ TRAIN_TASKS = tuple(cls.step for cls in (CptConfig, SftConfig, RlConfig))  # the
 RECORD_ORDER = ("task", "start_from", "epochs", "max_steps", "batch_size", "grad_accum", "lr", "weight_decay",
                 "warmup_ratio", "schedule", "dropout", "max_grad_norm", "max_history", "max_prefixes", "samples",
                 "text_to_sid", "max_text_tokens", "sid_softmax", "eval_every", "evals_per_epoch", "eval_users",
-                "eval_beams", "fit_beams", "patience", "min_evals", "average", "method", "rollouts", "kl", "negatives", "beta",
-                "rl_targets", "max_prompts", "rollout_seen", "max_time", "save_every", "log_every", "keep_checkpoints",
-                "stamp", "seed", "device", "dtype")
+                "eval_beams", "fit_beams", "patience", "min_evals", "average", "method", "rollouts", "kl", "negatives",
+                "beta", "rl_targets", "max_prompts", "rollout_seen", "max_time", "save_every", "log_every",
+                "keep_checkpoints", "stamp", "seed", "device", "dtype")
 
 
 def train_record(cfg: TrainingConfig) -> dict[str, Any]:

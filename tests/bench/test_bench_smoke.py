@@ -171,7 +171,8 @@ def test_throughput_measures_the_three_losses_and_backbones_side_by_side(embedde
     rows = json.loads(out.read_text())
     assert sorted({(r["backbone"], r["mode"], r["repeat"]) for r in rows}) == sorted(
         (b, m, rep) for b in ("tiny", "tiger") for m in ("full", "sid", "hf") for rep in (0, 1))
-    assert {r["backbone"]: r["params"] for r in rows}["tiger"] > 4 * {r["backbone"]: r["params"] for r in rows}["tiny"]
+    params = {r["backbone"]: r["params"] for r in rows}
+    assert params["tiger"] > 4 * params["tiny"]
     assert "| tiny | 1 |" in proc.stdout and "| tiger | 1 | full |" in proc.stdout
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from helpers import factories
 
+from gencli.config.vocab import BUILT_MODELS
 from gencli.core import artifacts
 from gencli.core.lm.backbone import keep_layers, load_model, save_model, special_ids
 from gencli.core.lm.hub import CUT_PRESETS, MODEL_INFO, pull_smollm2, pulled_path
-from gencli.core.lm.presets import PRESETS, build_tiny, list_models, resolve_backbone
+from gencli.core.lm.presets import BUILT_SHAPES, PRESETS, build_tiny, list_models, resolve_backbone
 from gencli.errors import ArtifactError, InputError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,6 +140,7 @@ def test_list_models(tmp_path):
     assert [r["preset"] for r in rows] == list(PRESETS)
     smol = rows[2]
     assert [r["pulled"] for r in rows[:2]] == [True, True]  # tiny and tiger: built in the workdir
+    assert set(BUILT_SHAPES) == set(BUILT_MODELS) == {r["preset"] for r in rows if r["path"] is None}
     assert smol["pulled"] is False and smol["path"] == str(tmp_path / "models" / "smollm2-135m")
     assert all(r["description"] for r in rows)
     # a half-written folder (no gencli_model.json) does not count as pulled

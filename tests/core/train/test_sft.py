@@ -127,12 +127,20 @@ def test_stamp_with_window_samples_warns_and_points_to_prefixes():
     assert sft.stamp_windows_warning(train_config()) is None
 
 
-def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_path):
+def blend_inputs(tmp_path):
+    """A toy SID model, its splits and random item vectors: what sft needs to fit a blend."""
     import numpy as np
 
     model_dir, vocab_path = build_sid_model(tmp_path / "in")
     train, valid = toy_splits()
     emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
+    return model_dir, vocab_path, train, valid, emb
+
+
+def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_path):
+    import numpy as np
+
+    model_dir, vocab_path, train, valid, emb = blend_inputs(tmp_path)
     cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=10,
                        save_every=2, patience=0)
     whole = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "whole", embeddings=emb)
@@ -172,13 +180,10 @@ def test_sft_fits_the_blend_on_validation_and_a_resumed_run_fits_the_same(tmp_pa
 def test_sft_fits_the_final_blend_on_the_beams_it_is_told(tmp_path):
     """--fit-beams 20: validation decodes 10 beams, the final fit (shares and place) decodes the best model with 20,
     what eval serves with; a fresh Validation decoding the saved model at 20 beams fits the same file."""
-    import numpy as np
 
     from gencli.core.train.validation import content_ranker
 
-    model_dir, vocab_path = build_sid_model(tmp_path / "in")
-    train, valid = toy_splits()
-    emb = np.random.default_rng(0).normal(size=(len(CODES), 8)).astype(np.float32)
+    model_dir, vocab_path, train, valid, emb = blend_inputs(tmp_path)
     cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=4, eval_every=2, eval_users=8, eval_beams=10,
                        fit_beams=20, patience=0)
     out = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "w", embeddings=emb)
