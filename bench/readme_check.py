@@ -1,16 +1,18 @@
 """README's numbers against a workdir of README's main job: every number README's section "The main job, measured"
-states (sft's epochs, steps and best checkpoint, the table's served
-test Recall@10 and NDCG@10 and cold cohort Recall@10 of gencli under both seen-item policies, the model alone, the
-content nearest-neighbour and popularity, and the visitor without history) is read FROM README.md, so a re-measured
-README is checked as it is written, and compared with what the workdir recorded (eval/metrics.json,
-cold-eval/metrics.json, sft/step.json). The times it states are the machine's, not checked.
+states (the math kernels it ran with, sft's epochs, steps and best checkpoint, the table's served test Recall@10 and
+NDCG@10 and cold cohort Recall@10 of gencli under both seen-item policies, the model alone, the content
+nearest-neighbour and popularity, and the visitor without history) is read FROM README.md, so a re-measured README is
+checked as it is written, and compared with what the workdir recorded (eval/metrics.json, cold-eval/metrics.json,
+sft/step.json). The times it states are the machine's, not checked.
 
 Tolerance: none. At ``--threads 1`` the main job is deterministic, so each recorded value, written with README's
-digits (4 decimals, or a whole number), must be README's string exactly.
+digits (4 decimals, or a whole number), must be README's string exactly. README measures with ``--math portable``,
+whose kernels run alike on every x86-64 CPU with AVX2, so the check holds on whatever CPU CI has (docs/usage.md,
+"Same seed, same results").
 
-    gencli --threads 1 run sample_data/pipeline.toml --workdir W   # README's command, one thread
-    python bench/readme_check.py W                                 # exit 0: README's numbers; 1: not; 2: unreadable
-    python bench/readme_check.py --parse                           # only what README states (JSON)
+    gencli --threads 1 --math portable run sample_data/pipeline.toml --workdir W   # README's command
+    python bench/readme_check.py W   # exit 0: README's numbers; 1: not; 2: unreadable
+    python bench/readme_check.py --parse   # only what README states (JSON)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def row(label: str) -> str:
 
 # README's sentences and table rows, whitespace folded to one space; each group is one number, named in NAMES in order
 SENTENCES = (
+    r"The numbers below are measured with `gencli --threads 1 --math (\w+) run",
     r"(\d+) epochs, (\d+) steps\. Its best checkpoint \(step (\d+)",
     row("gencli"),
     row("gencli, seen items ranked (the usual protocol)"),
@@ -42,6 +45,7 @@ SENTENCES = (
     rf"A visitor without history gets Recall@10 {NUM} \(popularity's is {NUM}\)",
 )
 NAMES = (
+    ("kernels",),
     ("sft epochs", "sft steps", "sft best checkpoint"),
     ("served R@10", "served N@10", "cold served R@10"),
     ("seen ranked R@10", "seen ranked N@10", "cold seen ranked R@10"),
@@ -79,8 +83,11 @@ def recorded(workdir: Path) -> dict[str, float | int | str]:
         return json.loads(path.read_text(encoding="utf-8"))
 
     ev, cold = read(workdir / "eval" / "metrics.json"), read(workdir / "cold-eval" / "metrics.json")
-    sft = read(workdir / "sft" / "step.json")["metrics"]
-    out: dict[str, float | int | str] = {"sft epochs": sft["epochs"], "sft steps": sft["steps"],
+    sft_record = read(workdir / "sft" / "step.json")
+    sft = sft_record["metrics"]
+    pins = (sft_record.get("versions") or {}).get("pinned") or ""
+    out: dict[str, float | int | str] = {"kernels": "portable" if "MKL_CBWR=COMPATIBLE" in pins else "native",
+                                         "sft epochs": sft["epochs"], "sft steps": sft["steps"],
                                          "sft best checkpoint": sft["peak_step"]}
     for label, served in (("served", True), ("seen ranked", False)):
         block = ev["served" if served else "seen_ranked"]

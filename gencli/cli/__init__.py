@@ -10,6 +10,7 @@ import sys
 import click
 
 from gencli import steps
+from gencli.mathmode import DEFAULT_MODE, MODES, apply_math
 from gencli.threads import thread_problem
 from gencli.version import __version__
 
@@ -59,14 +60,29 @@ def _check_threads(ctx: click.Context, param: click.Parameter, value: int | None
     return value
 
 
+def _apply_math(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Pin the kernels now, before any command imports torch or numpy (docs/usage.md, "Same seed, same results")."""
+    try:
+        apply_math(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    if value != DEFAULT_MODE:
+        os.environ["GENCLI_MATH"] = value  # the processes a command starts (torchrun's workers) run the same kernels
+    return value
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gencli")
 @click.option("--threads", type=int, default=None, envvar="GENCLI_THREADS", show_envvar=True, metavar="N",
               callback=_check_threads,
               help="CPU threads torch may use per gencli process (0 = torch's default, one per core; unset: that "
                    "for steps, 1 for recommend queries and serve); lower it when several jobs share a few cores.")
+@click.option("--math", "math_mode", type=click.Choice(MODES), default=DEFAULT_MODE, envvar="GENCLI_MATH",
+              show_envvar=True, show_default=True, callback=_apply_math,
+              help="CPU math kernels: native (the CPU's fastest) or portable (one code path every x86-64 CPU with "
+                   "AVX2 runs alike: the same SIDs, model and metrics on Intel and AMD machines, about 2x slower).")
 @click.pass_context
-def cli(ctx: click.Context, threads: int | None) -> None:
+def cli(ctx: click.Context, threads: int | None, math_mode: str) -> None:
     """Generative recommendation with semantic IDs: catalog + logs -> a causal LM that emits the next item's SID.
 
     Steps share a workdir (--workdir, default ./gencli-work or $GENCLI_WORKDIR) and pass

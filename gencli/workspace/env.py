@@ -6,6 +6,8 @@ import platform
 import sys
 from importlib import metadata
 
+from gencli.mathmode import math_in_effect
+
 PACKAGES = ("gencli", "torch", "transformers", "sentence-transformers", "polars", "numpy", "tokenizers")
 
 
@@ -17,6 +19,7 @@ def package_versions() -> dict[str, str | int | None]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     versions["torch_threads"] = torch_threads()
+    versions.update(math_in_effect())  # the CPU and its kernels: another CPU may round otherwise (gencli --math)
     return versions
 
 

@@ -23,9 +23,10 @@ def check(monkeypatch):
 
 def test_it_reads_every_number_of_readmes_main_job_section(check):
     stated = check.parse((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert list(stated) == [name for names in check.NAMES for name in names] and len(stated) == 20
+    assert list(stated) == [name for names in check.NAMES for name in names] and len(stated) == 21
+    assert stated["kernels"] == "portable"  # README's numbers hold on any x86-64 CPU only under portable kernels
     assert all(v.isdigit() for k, v in stated.items() if k.startswith("sft "))
-    assert all(len(v) == 6 and v[1] == "." for k, v in stated.items() if not k.startswith("sft "))
+    assert all(len(v) == 6 and v[1] == "." for k, v in stated.items() if not k.startswith(("sft ", "kernels")))
 
 
 def test_the_numbers_follow_readme_and_changed_wording_is_an_error_naming_the_fix(check):
@@ -52,15 +53,18 @@ def _workdir(root: Path) -> Path:
         "recall@10": 0.26437}, "popularity_baseline": {"recall@10": 0.0}},
             "served": {"recall@10": 0.413793}, "seen_ranked": {"recall@10": 0.275862}}
     for step, name, data in (("eval", "metrics.json", ev), ("cold-eval", "metrics.json", cold),
-                             ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610}})):
+                             ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610},
+                                                   "versions": {"pinned": "MKL_CBWR=COMPATIBLE,ATEN_CPU_CAPABILITY=avx2"}})):
         (root / step).mkdir(parents=True)
         (root / step / name).write_text(json.dumps(data))
     return root
 
 
-MEASURED = ["7", "854", "610", "0.2737", "0.1431", "0.4138", "0.2700", "0.1311", "0.2759", "0.2263", "0.1196",
+MEASURED = ["portable", "7", "854", "610", "0.2737", "0.1431", "0.4138", "0.2700", "0.1311", "0.2759", "0.2263", "0.1196",
             "0.0000", "0.1963", "0.0962", "0.2644", "0.0238", "0.0093", "0.0000", "0.0275", "0.0275"]
-PARAGRAPH = """- **sft** trains to the plateau: patience stopped it at {} epochs, {} steps. Its best checkpoint (step {}) stays
+PARAGRAPH = """The numbers below are measured with `gencli --threads 1 --math {} run sample_data/pipeline.toml`.
+
+- **sft** trains to the plateau: patience stopped it at {} epochs, {} steps. Its best checkpoint (step {}) stays
   the model.
 
 | ranking | Recall@10 | NDCG@10 | cold cohort Recall@10 |
@@ -82,11 +86,14 @@ def test_a_workdir_is_compared_at_readmes_digits_and_one_differing_number_fails(
     readme.write_text(PARAGRAPH.format(*MEASURED))
     run = [sys.executable, str(ROOT / "bench" / "readme_check.py"), str(work), "--readme", str(readme)]
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "20 of 20 numbers as README states" in done.stdout, done.stdout
-    readme.write_text(PARAGRAPH.format(*MEASURED[:4], "0.1432", *MEASURED[5:]))  # one number re-measured
+    assert done.returncode == 0 and "21 of 21 numbers as README states" in done.stdout, done.stdout
+    readme.write_text(PARAGRAPH.format(*MEASURED[:5], "0.1432", *MEASURED[6:]))  # one number re-measured
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout.rstrip().endswith("differ: served N@10"), done.stdout
     assert "| served N@10 | 0.1432 | 0.1431 | DIFFERS |" in done.stdout
+    readme.write_text(PARAGRAPH.format("native", *MEASURED[1:]))  # README measured under the native kernels
+    done = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "| kernels | native | portable | DIFFERS |" in done.stdout, done.stdout
     gone = subprocess.run([*run[:2], str(tmp_path / "nothing"), "--readme", str(readme)], capture_output=True,
                           text=True, timeout=60)
     assert gone.returncode == 2 and "readme_check: FileNotFoundError" in gone.stderr
