@@ -236,6 +236,9 @@ class SftConfig:
     loop: LoopConfig = _loop()
     dropout: float = option(DROPOUT, "Dropout on the embeddings, attention probabilities and residual branches while "
                                      "training (the saved model has none).")
+    label_smoothing: float = option(0.0, "Label smoothing of the training cross-entropy: this share of each target's "
+                                         "probability spread over the softmax's tokens (the SID tokens with "
+                                         "--sid-softmax, else the whole vocabulary).")
     max_history: int = option(SFT_MAX_HISTORY, "Last N history items per sample.")
     max_prefixes: int = option(0, "At most N training targets per user, the latest (0 = all).")
     samples: str = option("windows", "How targets become samples: windows (one pass predicts the newer half of a "
@@ -257,6 +260,8 @@ class SftConfig:
         c = Checks("sft", self)
         c.problems += self.stamp.problems() + self.loop.problems() + self.validation.problems()
         c.require(0 <= self.dropout < 1, f"--dropout must be in [0, 1) (got {self.dropout!r})")
+        c.require(0 <= self.label_smoothing < 1,
+                  f"--label-smoothing must be in [0, 1) (got {self.label_smoothing!r}); 0.1 is the usual value")
         c.positive("max-history", self.max_history)
         c.positive("max-prefixes", self.max_prefixes, allow_zero=True)
         c.positive("min-evals", self.min_evals, allow_zero=True)
@@ -358,7 +363,7 @@ TrainingConfig = CptConfig | SftConfig | RlConfig
 """What the training loop trains with: one step's config, its ``loop`` part and (sft, rl) its ``validation``."""
 TRAIN_TASKS = tuple(cls.step for cls in (CptConfig, SftConfig, RlConfig))  # the steps the training loop runs
 RECORD_ORDER = ("task", "start_from", "epochs", "max_steps", "batch_size", "grad_accum", "lr", "weight_decay",
-                "warmup_ratio", "schedule", "dropout", "max_grad_norm", "max_history", "max_prefixes", "samples",
+                "warmup_ratio", "schedule", "dropout", "label_smoothing", "max_grad_norm", "max_history", "max_prefixes", "samples",
                 "text_to_sid", "max_text_tokens", "sid_softmax", "eval_every", "evals_per_epoch", "eval_users",
                 "eval_beams", "fit_beams", "patience", "min_evals", "average", "method", "rollouts", "kl", "negatives",
                 "beta", "rl_targets", "max_prompts", "rollout_seen", "max_time", "save_every", "log_every",

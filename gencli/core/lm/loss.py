@@ -18,9 +18,12 @@ class TokenLoss:
     softmax runs over those vocabulary rows only (sid_softmax: the gathered head rows of
     the SID tokens, ``hidden @ W[rows]^T``); every target must then be one of ``rows``.
     Assumes a plain linear head (Llama/Qwen/SmolLM: no logit scaling or soft-capping).
+    ``smoothing`` is the label smoothing of the cross-entropy, spread over the softmax's classes (the SID rows
+    with ``rows``, else the whole vocabulary).
     """
 
-    def __init__(self, rows: Sequence[int] | None = None):
+    def __init__(self, rows: Sequence[int] | None = None, smoothing: float = 0.0):
+        self.smoothing = smoothing
         self.rows = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long)
         self.index_of: torch.Tensor | None = None
         if self.rows is not None:
@@ -46,7 +49,7 @@ class TokenLoss:
             rows = self.rows.to(weight.device)
             weight, bias = weight[rows], None if bias is None else bias[rows]
         logits = F.linear(hidden, weight, bias)
-        return F.cross_entropy(logits.float(), y, reduction="sum")
+        return F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=self.smoothing)
 
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]

@@ -58,8 +58,8 @@ class StampLoss:
     call) the sizes are computed from the batch (a sync on a GPU) and MAP has its full weight.
     """
 
-    def __init__(self, stamp: StampConfig, rows: Sequence[int] | None = None):
-        self.token_loss = TokenLoss(rows)
+    def __init__(self, stamp: StampConfig, rows: Sequence[int] | None = None, smoothing: float = 0.0):
+        self.token_loss = TokenLoss(rows, smoothing)
         self.stamp = stamp  # its layer resolved for the model (gencli.core.stamp.sap.resolve)
         self.mtp_weight = stamp.mtp_weight
 

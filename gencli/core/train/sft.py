@@ -89,7 +89,7 @@ def run(
     callbacks = [ProgressCallback(progress, "sft"), *([stopping] if stopping is not None else []),
                  *([TimeLimit(max_time, evaluate is not None)] if max_time > 0 else [])]
     out_dir.mkdir(parents=True, exist_ok=True)
-    loss = make_loss(stamp, rows)
+    loss = make_loss(stamp, rows, cfg.label_smoothing)
     summary = fit(model, dataset, cfg, out_dir, pad_id=vocab.pad_id, loss_fn=loss, evaluate=evaluate,
                   metric=EVAL_METRIC, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume)
     vocab_record = json.loads(Path(vocab_path).read_text(encoding="utf-8"))

@@ -19,10 +19,11 @@ from gencli.core.train.batches import batches_per_epoch
 from gencli.errors import TrainingDiverged
 
 
-def make_loss(stamp: StampConfig, rows: Sequence[int] | None = None) -> LossFn:
+def make_loss(stamp: StampConfig, rows: Sequence[int] | None = None, smoothing: float = 0.0) -> LossFn:
     """The training loss: :class:`TokenLoss`, or STAMP's (SAP pruning and/or MAP's auxiliary loss) when
-    ``stamp`` turns either on. ``stamp`` comes from :func:`gencli.core.stamp.sap.resolve` (layer resolved)."""
-    return StampLoss(stamp, rows) if stamp.on else TokenLoss(rows)
+    ``stamp`` turns either on, with label smoothing ``smoothing``. ``stamp`` comes from
+    :func:`gencli.core.stamp.sap.resolve` (layer resolved)."""
+    return StampLoss(stamp, rows, smoothing) if stamp.on else TokenLoss(rows, smoothing)
 
 
 def forward_backward(
