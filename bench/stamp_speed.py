@@ -9,21 +9,27 @@ Builds its own workdir under bench/.cache/stamp_speed/ (sample_data: ingest, emb
 
 Each round trains every variant from the same weights on the same batches, one untimed warm-up step then
 ``--steps`` timed ones (the engine's own step, synchronised on CUDA), interleaved (base, sap, map, stamp, base, ...)
-so a load swing on a shared machine hits them alike; ratios are per round, then the median.
+so a load swing on a shared machine hits them alike; ratios are per round, then the median and a 95% interval of
+their geometric mean (Student's t over the rounds' log ratios). ``--sid-softmax`` scores the loss over the SID rows
+only (sft's --sid-softmax), as STAMP is meant to be trained on a large-vocabulary backbone.
 
     python bench/stamp_speed.py                                   # tiny, ~1 min
     gencli models pull smollm2-135m
     python bench/stamp_speed.py --model smollm2-135m --layers 6   # the pretrained CPU proxy, 10-25 min on 2 cores
+    gencli models pull smollm2-135m-6l
+    python bench/stamp_speed.py --model smollm2-135m-6l --sid-softmax --mixes long --rounds 10   # #56's claim
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from pathlib import Path
 
 import torch
 from common import CACHE, gencli, prepare_shared, write_json_atomic
+from scipy import stats
 from stamp import long_users
 
 from gencli.config import LoopConfig, SftConfig, StampConfig
@@ -31,7 +37,7 @@ from gencli.core import artifacts
 from gencli.core.data import tables
 from gencli.core.device import resolve_device
 from gencli.core.lm.backbone import keep_first_layers, load_model, save_model
-from gencli.core.lm.prompt import item_token_ids, load_sid_vocab
+from gencli.core.lm.prompt import item_token_ids, load_sid_vocab, sid_rows
 from gencli.core.sid import store
 from gencli.core.train import batches as train_batches
 from gencli.core.train import profile
@@ -81,7 +87,19 @@ def datasets(args, workdir: Path) -> dict[str, tuple[SftExamples, list, int]]:
     return {m: out[m] for m in args.mixes.split(",")}
 
 
-def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, size: int) -> dict:
+def interval95(ratios: list[float]) -> list[float | None]:
+    """[geometric mean, low, high] of per-round ratios: Student's t 95% interval of the mean log ratio (no interval
+    from one round)."""
+    logs = [math.log(x) for x in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return [round(math.exp(mean), 3), None, None]
+    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return [round(math.exp(x), 3) for x in (mean, mean - half, mean + half)]
+
+
+def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, size: int,
+            rows: list[int] | None) -> dict:
     device = resolve_device(args.device)
     cfg = SftConfig(loop=LoopConfig(batch_size=size), device=device.type, dtype=args.dtype,
                     stamp=StampConfig(layer=args.layer, keep_ratio=args.keep_ratio))
@@ -89,7 +107,7 @@ def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, 
     for r in range(args.rounds):
         batches = [order[(r * (args.steps + 1) + i) % len(order)] for i in range(args.steps + 1)]
         for v in args.variants:
-            rec = profile.profile_variant(v, cfg, model_dir, data, batches, pad_id, None, device, 1)
+            rec = profile.profile_variant(v, cfg, model_dir, data, batches, pad_id, rows, device, 1)
             runs[v].append(rec)
             print(f"  round {r} {v}: {rec['tokens_per_s']:.0f} tokens/s ({rec['tokens_per_cpu_s']:.0f} per CPU s)",
                   flush=True)
@@ -101,6 +119,8 @@ def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, 
                      "speedup": statistics.median(ratio), "speedups": [round(x, 3) for x in ratio],
                      "tokens_per_cpu_s": statistics.median(x["tokens_per_cpu_s"] for x in runs[v]),
                      "cpu_speedup": statistics.median(cpu), "cpu_speedups": [round(x, 3) for x in cpu],
+                     "cpu_interval95": interval95(cpu),
+                     **{f"{phase}_s": statistics.median(x[f"{phase}_s"] for x in runs[v]) for phase in profile.PHASES},
                      "activation_mb": statistics.median(x["activation_mb"] for x in runs[v])})
     lengths = data.lengths()
     return {"samples": len(data), "mean_tokens": round(float(lengths.mean()), 1),
@@ -110,11 +130,19 @@ def run_mix(args, model_dir: Path, pad_id: int, data: SftExamples, order: list, 
 def table(mix: str, res: dict) -> str:
     head = (f"{mix}: {res['samples']} samples, mean {res['mean_tokens']} / median {res['median_tokens']:.0f} tokens, "
             f"batch {res['batch_size']}\n\n| variant | tokens/s | vs base (median; rounds) | tokens/CPU-s | "
-            "vs base, CPU time (median; rounds) | activations MB |\n|---|---:|---|---:|---|---:|\n")
+            "vs base, CPU time (median; rounds) | CPU: geometric mean [95% interval] | activations MB |\n"
+            "|---|---:|---|---:|---|---|---:|\n")
+    phases = "".join(f"{r['variant']}: " + ", ".join(f"{phase} {r[f'{phase}_s']:.3f}" for phase in profile.PHASES)
+                     + "\n" for r in res["rows"])
     return head + "".join(
         f"| {r['variant']} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x; {', '.join(f'{x:.2f}' for x in r['speedups'])}"
         f" | {r['tokens_per_cpu_s']:.0f} | {r['cpu_speedup']:.2f}x; {', '.join(f'{x:.2f}' for x in r['cpu_speedups'])}"
-        f" | {r['activation_mb']:.0f} |\n" for r in res["rows"])
+        f" | {_interval(r)} | {r['activation_mb']:.0f} |\n" for r in res["rows"]) + "\nseconds per step (median):\n" + phases
+
+
+def _interval(row: dict) -> str:
+    mean, low, high = row["cpu_interval95"]
+    return f"{mean:.2f}x" + ("" if low is None else f" [{low:.2f}, {high:.2f}]")
 
 
 def main() -> None:
@@ -128,6 +156,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8, help="long mix")
     p.add_argument("--mix-batch-size", type=int, default=0, help="default mix (0 = sft's default)")
     p.add_argument("--min-tokens", type=int, default=128)
+    p.add_argument("--sid-softmax", action="store_true", help="the loss over the SID rows only (sft --sid-softmax)")
     p.add_argument("--layer", type=int, default=StampConfig.layer, help="SAP layer (0 = gencli's default)")
     p.add_argument("--keep-ratio", type=float, default=StampConfig.keep_ratio)
     p.add_argument("--device", default="auto")
@@ -141,18 +170,19 @@ def main() -> None:
         raise SystemExit(f"--variants: base first, then any of {', '.join(VARIANTS[1:])}")
     torch.set_num_threads(args.threads)
     model_dir, workdir = prepare(args)
-    pad_id = load_sid_vocab(workdir / "init-vocab" / artifacts.SID_VOCAB).pad_id
+    vocab = load_sid_vocab(workdir / "init-vocab" / artifacts.SID_VOCAB)
+    pad_id, rows = vocab.pad_id, (sid_rows(vocab) if args.sid_softmax else None)
     device = resolve_device(args.device)
     print(f"{model_dir} on {device}, {args.rounds} rounds x (1 warm-up + {args.steps} timed steps), "
-          f"{args.threads} thread(s)", flush=True)
+          f"{args.threads} thread(s), softmax over {'the SID rows' if rows else 'the vocabulary'}", flush=True)
     results = {"model": args.model, "layers": args.layers, "device": str(device), "rounds": args.rounds,
-               "steps": args.steps, "threads": args.threads, "mixes": {}}
+               "steps": args.steps, "threads": args.threads, "sid_softmax": args.sid_softmax, "mixes": {}}
     for mix, (data, order, size) in datasets(args, workdir).items():
         print(f"{mix}:", flush=True)
-        results["mixes"][mix] = run_mix(args, model_dir, pad_id, data, order, size)
+        results["mixes"][mix] = run_mix(args, model_dir, pad_id, data, order, size, rows)
     for mix, res in results["mixes"].items():
         print("\n" + table(mix, res))
-    out = args.out or args.workroot / f"{run_name(args)}.json"
+    out = args.out or args.workroot / f"{run_name(args)}{'-sid' if args.sid_softmax else ''}.json"
     write_json_atomic(out, results)
     print(f"wrote {out}")
 

@@ -180,11 +180,18 @@ def test_throughput_measures_the_three_losses_and_backbones_side_by_side(embedde
 def test_stamp_speed_times_every_variant_on_both_mixes(embedded_workdir, tmp_path):
     _shared_copy(embedded_workdir, tmp_path / "tiny")
     out = tmp_path / "speed.json"
-    proc = run_bench("bench/stamp_speed.py", "--rounds", "1", "--steps", "1", "--batch-size", "4", "--min-tokens", "16",
-                     "--mix-batch-size", "4", "--workroot", str(tmp_path), "--out", str(out))
-    mixes = json.loads(out.read_text())["mixes"]
+    proc = run_bench("bench/stamp_speed.py", "--rounds", "2", "--steps", "1", "--batch-size", "4", "--min-tokens", "16",
+                     "--mix-batch-size", "4", "--workroot", str(tmp_path), "--out", str(out), "--sid-softmax")
+    result = json.loads(out.read_text())
+    mixes = result["mixes"]
     assert [[r["variant"] for r in mixes[m]["rows"]] for m in ("long", "mix")] == [["base", "sap", "map", "stamp"]] * 2
     assert mixes["long"]["rows"][0]["speedup"] == 1.0 and "| stamp | " in proc.stdout
+    assert result["sid_softmax"] and "softmax over the SID rows" in proc.stdout
+    for row in mixes["long"]["rows"]:  # the geometric mean of the rounds' ratios inside its 95% interval
+        mean, low, high = row["cpu_interval95"]
+        assert low <= mean <= high and mean == pytest.approx(
+            (row["cpu_speedups"][0] * row["cpu_speedups"][1]) ** 0.5, rel=2e-3)
+        assert row["optimizer_s"] > 0 and row["forward_s"] > 0
 
 
 # ---- research/gpu's one-off device checks, dry-run on a CPU (slow) ------------------------------------------------
