@@ -57,6 +57,9 @@ def test_embed_bench_compares_every_available_path_with_the_default(tmp_path, on
     for (backend, precision), row in rows.items():
         assert row["items_per_s"] > 0, (backend, row)
         if precision == "float32":  # onnxruntime and OpenVINO compute what torch does, to float rounding
-            assert row["cos_min"] > 0.9999 and row["retrained_sid"] == row["fixed_sid"] == 0.0, (backend, row)
+            # under the default's codebooks every item keeps its SID; codebooks retrained on the path's vectors may
+            # not (k-means flips near ties on rounding: on an Intel Xeon OpenVINO's retrained SIDs moved for 30% of
+            # these 40 items at cosine 0.99998; docs/usage.md, "Same seed, same results")
+            assert row["cos_min"] > 0.9999 and row["fixed_sid"] == 0.0, (backend, row)
         else:
             assert row["cos_mean"] > 0.9, (backend, row)
