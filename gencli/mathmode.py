@@ -58,28 +58,29 @@ def apply_math(mode: str) -> None:
             os.environ.setdefault(name, value)
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
-    """The first CPU's feature flags from /proc/cpuinfo, or None where the file is absent (not Linux)."""
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first CPU's ``name`` line of /proc/cpuinfo ("flags", "model name"), "" when it has none, or None where
+    the file is absent (not Linux)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpu_flags() -> set[str] | None:
+    """The first CPU's feature flags, or None where /proc/cpuinfo is absent."""
+    flags = cpuinfo_field("flags")
+    return None if flags is None else set(flags.split())
 
 
 def math_in_effect() -> dict[str, str | None]:
     """What this process runs, for step.json: the CPU, ATen's kernel level (once torch is loaded) and the pins set."""
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or None
+    cpu = cpuinfo_field("model name") or platform.processor() or None
     torch = sys.modules.get("torch")
     aten = torch.backends.cpu.get_cpu_capability() if torch is not None else None
     pinned = ",".join(f"{name}={os.environ[name]}" for name in PORTABLE_ENV if name in os.environ) or None

@@ -84,3 +84,15 @@ def test_step_records_the_cpu_and_the_pins(sample_dir, tmp_path):
     versions = json.loads((workdir / "ingest" / "step.json").read_text())["versions"]
     assert versions["pinned"] == ",".join(f"{k}={v}" for k, v in PORTABLE_ENV.items())
     assert versions["cpu"]  # the model name from /proc/cpuinfo
+
+
+def test_cpuinfo_fields_are_read_from_the_first_cpu(tmp_path):
+    from gencli.mathmode import cpuinfo_field
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU 9\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n"
+                    "model name\t: Other\n")
+    assert cpuinfo_field("model name", info) == "Some CPU 9"
+    assert cpuinfo_field("flags", info) == "fpu avx2 fma"
+    assert cpuinfo_field("bogomips", info) == ""
+    assert cpuinfo_field("flags", tmp_path / "absent") is None
