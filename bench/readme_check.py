@@ -85,8 +85,7 @@ def recorded(workdir: Path) -> dict[str, float | int | str]:
     ev, cold = read(workdir / "eval" / "metrics.json"), read(workdir / "cold-eval" / "metrics.json")
     sft_record = read(workdir / "sft" / "step.json")
     sft = sft_record["metrics"]
-    pins = (sft_record.get("versions") or {}).get("pinned") or ""
-    out: dict[str, float | int | str] = {"kernels": "portable" if "MKL_CBWR=COMPATIBLE" in pins else "native",
+    out: dict[str, float | int | str] = {"kernels": (sft_record.get("versions") or {}).get("math", "native"),
                                          "sft epochs": sft["epochs"], "sft steps": sft["steps"],
                                          "sft best checkpoint": sft["peak_step"]}
     for label, served in (("served", True), ("seen ranked", False)):

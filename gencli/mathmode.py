@@ -34,15 +34,23 @@ def math_problem(mode: str) -> str | None:
         return f"{mode!r} is not a math mode; use one of {', '.join(MODES)}"
     if mode == "native":
         return None
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"portable math pins x86-64 kernels; this machine is {platform.machine()}: use --math native"
-    flags = cpu_flags()
-    if flags is not None and not {"avx2", "fma"} <= flags:
-        return "portable math needs a CPU with AVX2 and FMA; this one has neither both: use --math native"
+    problem = cpu_problem()
+    if problem:
+        return problem
     loaded = [name for name in READERS if name in sys.modules]
     if loaded:
         return (f"{', '.join(loaded)} is already imported in this process, so its kernels are chosen: set "
                 f"{', '.join(f'{k}={v}' for k, v in PORTABLE_ENV.items())} before it is")
+    return None
+
+
+def cpu_problem() -> str | None:
+    """Why this machine cannot run the portable kernels (not x86-64, no AVX2 and FMA), or None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"portable math pins x86-64 kernels; this machine is {platform.machine()}: use --math native"
+    flags = cpu_flags()
+    if flags is not None and not {"avx2", "fma"} <= flags:
+        return "portable math needs a CPU with AVX2 and FMA; this one lacks them: use --math native"
     return None
 
 
@@ -79,9 +87,11 @@ def cpu_flags() -> set[str] | None:
 
 
 def math_in_effect() -> dict[str, str | None]:
-    """What this process runs, for step.json: the CPU, ATen's kernel level (once torch is loaded) and the pins set."""
+    """What this process runs, for step.json: the CPU, ATen's kernel level (once torch is loaded), the pins set, and
+    the mode they make (``portable`` when every portable pin holds its value, else ``native``)."""
     cpu = cpuinfo_field("model name") or platform.processor() or None
     torch = sys.modules.get("torch")
     aten = torch.backends.cpu.get_cpu_capability() if torch is not None else None
     pinned = ",".join(f"{name}={os.environ[name]}" for name in PORTABLE_ENV if name in os.environ) or None
-    return {"cpu": cpu, "aten_kernels": aten, "pinned": pinned}
+    portable = all(os.environ.get(name) == value for name, value in PORTABLE_ENV.items())
+    return {"cpu": cpu, "aten_kernels": aten, "pinned": pinned, "math": "portable" if portable else "native"}

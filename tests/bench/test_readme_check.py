@@ -54,7 +54,7 @@ def _workdir(root: Path) -> Path:
             "served": {"recall@10": 0.413793}, "seen_ranked": {"recall@10": 0.275862}}
     for step, name, data in (("eval", "metrics.json", ev), ("cold-eval", "metrics.json", cold),
                              ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610},
-                                                   "versions": {"pinned": "MKL_CBWR=COMPATIBLE,ATEN_CPU_CAPABILITY=avx2"}})):
+                                                   "versions": {"math": "portable"}})):
         (root / step).mkdir(parents=True)
         (root / step / name).write_text(json.dumps(data))
     return root
