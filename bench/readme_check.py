@@ -8,7 +8,8 @@ sft/step.json). The times it states are the machine's, not checked.
 Tolerance: none. At ``--threads 1`` the main job is deterministic, so each recorded value, written with README's
 digits (4 decimals, or a whole number), must be README's string exactly. README measures with ``--math portable``,
 whose kernels run alike on every x86-64 CPU with AVX2, so the check holds on whatever CPU CI has (docs/usage.md,
-"Same seed, same results").
+"Same seed, same results"). Before the table it prints what the workdir ran with (CPU, kernels, torch's and numpy's
+BLAS threads) and quantize's distinct SIDs, where two machines' runs part first when they do.
 
     gencli --threads 1 --math portable run sample_data/pipeline.toml --workdir W   # README's command
     python bench/readme_check.py W   # exit 0: README's numbers; 1: not; 2: unreadable
@@ -103,6 +104,15 @@ def recorded(workdir: Path) -> dict[str, float | int | str]:
     return out
 
 
+def ran_with(workdir: Path) -> str:
+    """One line: the CPU, kernels and threads quantize ran with, and how many distinct SIDs it drew."""
+    record = json.loads((workdir / "quantize" / "step.json").read_text(encoding="utf-8"))
+    v, m = record.get("versions") or {}, record.get("metrics") or {}
+    return (f"workdir ran on: {v.get('cpu')}, kernels {v.get('math', 'native')} (ATen {v.get('aten_kernels')}), "
+            f"torch threads {v.get('torch_threads')}, BLAS threads {v.get('blas_threads')}; quantize drew "
+            f"{m.get('n_unique_sids')} distinct SIDs")
+
+
 def written(value: float | int | str, like: str) -> str:
     """``value`` with the digits README wrote ``like`` with (a word as it is)."""
     if isinstance(value, str):
@@ -129,6 +139,7 @@ def main() -> int:
             print(json.dumps(stated, indent=1))
             return 0
         rows = compare(stated, recorded(args.workdir))
+        print(ran_with(args.workdir))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"readme_check: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -75,8 +75,9 @@ def _apply_math(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.version_option(__version__, prog_name="gencli")
 @click.option("--threads", type=int, default=None, envvar="GENCLI_THREADS", show_envvar=True, metavar="N",
               callback=_check_threads,
-              help="CPU threads torch may use per gencli process (0 = torch's default, one per core; unset: that "
-                   "for steps, 1 for recommend queries and serve); lower it when several jobs share a few cores.")
+              help="CPU threads torch and numpy's BLAS may use per gencli process (0 = their default, one per core; "
+                   "unset: that for steps, 1 for recommend queries and serve); lower it when several jobs share a few "
+                   "cores, and compare runs at one count.")
 @click.option("--math", "math_mode", type=click.Choice(MODES), default=DEFAULT_MODE, envvar="GENCLI_MATH",
               show_envvar=True, show_default=True, callback=_apply_math,
               help="CPU math kernels: native (the CPU's fastest) or portable (one code path every x86-64 CPU with "

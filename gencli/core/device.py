@@ -53,5 +53,18 @@ def set_threads(threads: int | None) -> int:
     if problem:
         raise InputError(f"threads: {problem}")
     if threads:
-        torch.set_num_threads(threads)
+        limit_threads(threads)
     return torch.get_num_threads()
+
+
+def limit_threads(n: int) -> None:
+    """Cap this process's math at ``n`` threads: torch's intra-op pool and every BLAS already loaded (numpy's
+    OpenBLAS: numpy is imported first so its library is among them). A product's result depends on how its rows are
+    split among threads, so a BLAS left at one thread per core made quantize's SIDs follow the machine's core count
+    (docs/usage.md, "Same seed, same results")."""
+    import numpy  # noqa: F401  (loads numpy's BLAS, so threadpoolctl finds and caps it)
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    threadpool_limits(limits=n, user_api="blas")
+

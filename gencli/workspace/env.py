@@ -19,8 +19,19 @@ def package_versions() -> dict[str, str | int | None]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     versions["torch_threads"] = torch_threads()
+    versions["blas_threads"] = blas_threads()
     versions.update(math_in_effect())  # the CPU and its kernels: another CPU may round otherwise (gencli --math)
     return versions
+
+
+def blas_threads() -> int | None:
+    """The threads of numpy's BLAS in this process (``--threads`` caps them too), or None when numpy is not loaded."""
+    if "numpy" not in sys.modules:
+        return None
+    from threadpoolctl import threadpool_info
+
+    counts = [lib["num_threads"] for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    return max(counts) if counts else None
 
 
 def torch_threads() -> int | None:

@@ -181,16 +181,19 @@ def _follow(step: Step, cfg: Any, workdir: Path, external) -> Outcome:
 
 
 def apply_threads(default: int = 0) -> None:
-    """``gencli --threads N`` / $GENCLI_THREADS: cap torch's CPU threads before work starts, so several jobs on a
-    few cores do not oversubscribe them. 0 leaves torch's default; unset, ``default`` (0 for a step,
-    :data:`gencli.threads.QUERY_THREADS` for a query or the server)."""
+    """``gencli --threads N`` / $GENCLI_THREADS: cap torch's and numpy's BLAS threads before work starts, so several
+    jobs on a few cores do not oversubscribe them and results do not follow the machine's core count. 0 leaves the
+    libraries' defaults; unset, ``default`` (0 for a step, :data:`gencli.threads.QUERY_THREADS` for a query or the
+    server)."""
     value = os.environ.get("GENCLI_THREADS")
     n = int(value) if value else default
     if n <= 0:
         return
     import torch
 
-    torch.set_num_threads(n)
+    from gencli.core.device import limit_threads
+
+    limit_threads(n)
     try:
         torch.set_num_interop_threads(n)
     except RuntimeError:  # torch allows it once, before any inter-op work (a later step in the same process)

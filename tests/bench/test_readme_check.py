@@ -54,7 +54,10 @@ def _workdir(root: Path) -> Path:
             "served": {"recall@10": 0.413793}, "seen_ranked": {"recall@10": 0.275862}}
     for step, name, data in (("eval", "metrics.json", ev), ("cold-eval", "metrics.json", cold),
                              ("sft", "step.json", {"metrics": {"epochs": 7.0, "steps": 854, "peak_step": 610},
-                                                   "versions": {"math": "portable"}})):
+                                                   "versions": {"math": "portable"}}),
+                             ("quantize", "step.json", {"metrics": {"n_unique_sids": 241}, "versions": {
+                                 "cpu": "Some CPU", "math": "portable", "aten_kernels": "AVX2", "torch_threads": 1,
+                                 "blas_threads": 1}})):
         (root / step).mkdir(parents=True)
         (root / step / name).write_text(json.dumps(data))
     return root
@@ -87,6 +90,8 @@ def test_a_workdir_is_compared_at_readmes_digits_and_one_differing_number_fails(
     run = [sys.executable, str(ROOT / "bench" / "readme_check.py"), str(work), "--readme", str(readme)]
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "21 of 21 numbers as README states" in done.stdout, done.stdout
+    assert done.stdout.startswith("workdir ran on: Some CPU, kernels portable (ATen AVX2), torch threads 1, BLAS "
+                                  "threads 1; quantize drew 241 distinct SIDs\n"), done.stdout
     readme.write_text(PARAGRAPH.format(*MEASURED[:5], "0.1432", *MEASURED[6:]))  # one number re-measured
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout.rstrip().endswith("differ: served N@10"), done.stdout

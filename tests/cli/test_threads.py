@@ -1,4 +1,5 @@
-"""gencli --threads N / $GENCLI_THREADS: torch's CPU threads set before a step's work and recorded in step.json."""
+"""gencli --threads N / $GENCLI_THREADS: torch's and numpy's BLAS threads set before a step's work and recorded in
+step.json."""
 
 from __future__ import annotations
 
@@ -49,6 +50,28 @@ def test_threads_option_is_applied_and_recorded(runner, sample_dir, tmp_path, to
     record = json.loads((tmp_path / "w" / "ingest" / "step.json").read_text())
     assert record["versions"]["torch_threads"] == threads
     assert "GENCLI_THREADS" not in os.environ
+
+
+def test_threads_caps_numpys_blas_too(runner, sample_dir, tmp_path, torch_threads):
+    """numpy's OpenBLAS starts with one thread per core: left so, quantize's SIDs followed the core count (CI's two
+    cores drew 230 SIDs on the sample where one thread draws 241)."""
+    import numpy as np
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from gencli.cli import cli
+
+    def blas() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    assert np.ones(2) @ np.ones(2) == 2  # numpy's BLAS is loaded
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert set(blas()) == {2}
+        result = runner.invoke(cli, ["--threads", "1", *_ingest_args(sample_dir, tmp_path / "w")],
+                               env={"GENCLI_THREADS": None})
+        assert result.exit_code == 0, result.output
+        assert set(blas()) == {1}
+    record = json.loads((tmp_path / "w" / "ingest" / "step.json").read_text())
+    assert record["versions"]["blas_threads"] == 1
 
 
 def test_env_var_and_zero_means_torch_default(runner, sample_dir, tmp_path, torch_threads):

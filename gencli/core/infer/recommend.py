@@ -122,9 +122,9 @@ class Recommender:
              threads: int | None = None) -> Recommender:
         """Open a bundle folder written by ``gencli export`` (InputError naming the problem otherwise).
 
-        ``threads``: torch's CPU threads for this process (``torch.set_num_threads``): None = 1, the fastest for one
-        query at a time on an idle machine and under load alike (docs/usage.md); N = N (batches on cores of their
-        own); 0 = leave torch's setting as it is.
+        ``threads``: torch's and numpy's BLAS CPU threads for this process
+        (:func:`gencli.core.device.limit_threads`): None = 1, the fastest for one query at a time on an idle machine
+        and under load alike (docs/usage.md); N = N (batches on cores of their own); 0 = leave their setting.
         """
         from gencli.core.device import set_threads
         from gencli.core.infer.bundle import open_bundle
