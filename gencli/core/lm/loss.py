@@ -36,20 +36,36 @@ class TokenLoss:
         keep = batch["targets"] != IGNORE_INDEX
         return self.cross_entropy(model, out.last_hidden_state[keep], batch["targets"][keep])
 
-    def cross_entropy(self, model: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy of the LM head on final hidden states [n, d] against targets [n]."""
+    def head(self, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The LM head's weight and bias the softmax runs over: ``rows``' gathered rows with ``rows``, else all.
+        Gathered once per batch and shared by every use (STAMP's two losses), autograd builds one full-vocabulary
+        gradient of the head for them instead of one per use."""
         head = model.get_output_embeddings()
         weight, bias = head.weight, getattr(head, "bias", None)
-        if self.rows is not None:
-            index_of = self.index_of.to(y.device)
-            inside = y < len(index_of)
-            y = torch.where(inside, index_of[y.clamp(max=len(index_of) - 1)], -1)
-            if bool((y < 0).any()):
-                raise ValueError("sid_softmax: a target token is not a SID token")
-            rows = self.rows.to(weight.device)
-            weight, bias = weight[rows], None if bias is None else bias[rows]
+        if self.rows is None:
+            return weight, bias
+        rows = self.rows.to(weight.device)
+        return weight[rows], None if bias is None else bias[rows]
+
+    def positions(self, y: torch.Tensor) -> torch.Tensor:
+        """Targets [n] as indices into :meth:`head`'s rows (unchanged without ``rows``); ValueError for a target that
+        is not one of ``rows``."""
+        if self.rows is None:
+            return y
+        index_of = self.index_of.to(y.device)
+        inside = y < len(index_of)
+        y = torch.where(inside, index_of[y.clamp(max=len(index_of) - 1)], -1)
+        if bool((y < 0).any()):
+            raise ValueError("sid_softmax: a target token is not a SID token")
+        return y
+
+    def cross_entropy(self, model: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor,
+                      head: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Summed cross-entropy of the LM head (``head``: :meth:`head`'s, gathered here when None) on final hidden
+        states [n, d] against targets [n]."""
+        weight, bias = head if head is not None else self.head(model)
         logits = F.linear(hidden, weight, bias)
-        return F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=self.smoothing)
+        return F.cross_entropy(logits.float(), self.positions(y), reduction="sum", label_smoothing=self.smoothing)
 
 
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]

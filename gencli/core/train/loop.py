@@ -63,6 +63,7 @@ from gencli.core.train.step import (
     eval_interval,
     lr_factor,
     make_loss,
+    make_optimizer,
     plan_steps,
     train_step,
 )
@@ -264,7 +265,7 @@ class _Run:
         self.model, self.cfg, self.n_examples = model, cfg, n_examples
         self.device, self.amp_dtype, self.callbacks = device, amp_dtype, callbacks
         self.save_model, self.ckpt_dir = save_model, ckpt_dir
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.loop.weight_decay)
+        self.optimizer = make_optimizer(groups, cfg.peak_lr, cfg.loop.weight_decay)
         max_steps, self.warmup = plan_steps(cfg, n_examples)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, functools.partial(lr_factor, warmup=self.warmup, total=max_steps, kind=cfg.loop.schedule)

@@ -55,7 +55,7 @@ from gencli.core.progress import SILENT, Progress
 from gencli.core.stamp.sap import resolve
 from gencli.core.train.batches import collate, epoch_batches
 from gencli.core.train.samples import SftExamples
-from gencli.core.train.step import default_param_groups, make_loss, train_step
+from gencli.core.train.step import default_param_groups, make_loss, make_optimizer, train_step
 from gencli.errors import InputError
 
 PROFILE_JSON = "profile.json"
@@ -181,7 +181,7 @@ def profile_variant(
     loss_fn = make_loss(stamp, rows)
     groups = default_param_groups(model, cfg.loop.weight_decay)
     params = [p for g in groups for p in g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.peak_lr, weight_decay=cfg.loop.weight_decay)
+    optimizer = make_optimizer(groups, cfg.peak_lr, cfg.loop.weight_decay)
     amp_dtype = resolve_dtype(cfg.dtype, device)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and amp_dtype == torch.float16)
     clock = PhaseClock(device)

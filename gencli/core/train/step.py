@@ -170,6 +170,15 @@ def default_param_groups(model: torch.nn.Module, weight_decay: float) -> list[di
     return [g for g in groups if g["params"]]
 
 
+def make_optimizer(groups: list[dict[str, Any]], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over ``groups``, fused where torch has the kernel (float parameters on CPU or CUDA): one pass over each
+    tensor instead of one per operation. On one CPU thread the per-tensor loop took 0.69 s a step for the 50M
+    parameters of ``smollm2-135m-6l``, the fused kernel 0.07 s; the update is the same to float rounding."""
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused)
+
+
 def lr_factor(step: int, warmup: int, total: int, kind: str) -> float:
     """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warmup over
     ``warmup`` steps, then cosine or linear decay to 0 at ``total`` (same as transformers)."""

@@ -211,6 +211,57 @@ def test_map_loss_is_main_plus_weighted_foresight_cross_entropy(lam):
     torch.testing.assert_close(float(got), main + 0.5 * aux, rtol=1e-5, atol=1e-4)
 
 
+def test_map_with_sid_rows_on_a_tied_head_matches_the_formula_and_its_gradient():
+    """With the SID-row softmax and a tied head MAP reads the future token's embedding from the gathered head rows
+    (one full-vocabulary gradient instead of three): the loss and every gradient equal the formula written with the
+    input embedding's own lookup."""
+    rows, lam = list(range(32, 64)), 0.3
+    ids, mask, targets = padded_batch()
+    targets = torch.where(targets != IGNORE_INDEX, targets % 32 + 32, targets)  # SID-like targets
+
+    def tied():
+        torch.manual_seed(0)
+        return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=8, tie_word_embeddings=True)).eval()
+
+    model = tied()
+    assert model.model.embed_tokens.weight is model.lm_head.weight
+    got = make_loss(StampConfig(map=True, mtp_lambda=lam, mtp_weight=0.5), rows)(
+        model, {"input_ids": ids, "attention_mask": mask, "targets": targets})
+    assert _uses(got, model.lm_head.weight) == 2  # the input lookup and the gathered rows, nothing else
+    got.backward()
+
+    ref_model = tied()
+    final = ref_model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    head = ref_model.lm_head.weight[torch.tensor(rows)]
+    want = torch.zeros(())
+    for row in range(ids.shape[0]):
+        labelled = [t for t in range(ids.shape[1]) if targets[row, t] != IGNORE_INDEX]
+        for t in labelled:
+            want = want - torch.log_softmax(head @ final[row, t], 0)[int(targets[row, t]) - 32]
+            if t + 1 in labelled:
+                fused = (1 - lam) * final[row, t] + lam * ref_model.model.embed_tokens(targets[row, t])
+                want = want - 0.5 * torch.log_softmax(head @ fused, 0)[int(targets[row, t + 1]) - 32]
+    want.backward()
+    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-5)
+    for (name, a), (_, b) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _uses(loss: torch.Tensor, weight: torch.Tensor) -> int:
+    """How many autograd nodes of ``loss``'s graph feed a gradient into ``weight`` (one full-size tensor each)."""
+    seen, stack, uses = set(), [loss.grad_fn], 0
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and getattr(nxt, "variable", None) is weight:
+                uses += 1
+            stack.append(nxt)
+    return uses
+
+
 @pytest.mark.parametrize("sid_rows", [None, list(range(32, 64))])
 def test_stamp_loss_trains_with_and_without_sid_softmax(sid_rows):
     model = tiny("qwen3")

