@@ -75,7 +75,7 @@ class StampLoss:
         embedding = decoder.embed_tokens
         if (self.token_loss.rows is not None and type(embedding) is torch.nn.Embedding  # a plain lookup, unscaled
                 and embedding.weight is model.get_output_embeddings().weight):
-            return head[0].index_select(0, self.token_loss.positions(tokens))
+            return head[0].index_select(0, self.token_loss.positions(tokens, check=False))  # main's targets: checked
         return embedding(tokens)
 
     def plan(self, batch: dict[str, torch.Tensor]) -> Plan:
