@@ -78,11 +78,13 @@ def _policy(metrics: dict[str, Any], served: bool) -> dict[str, Any]:
     raise ValueError(f"no {'served' if served else 'seen-ranked'} policy in the metrics (run eval with both)")
 
 
+def read(path: Path) -> dict[str, Any]:
+    """One JSON record of the workdir."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def recorded(workdir: Path) -> dict[str, float | int | str]:
     """The same numbers from the workdir, by README's names."""
-    def read(path: Path) -> dict[str, Any]:
-        return json.loads(path.read_text(encoding="utf-8"))
-
     ev, cold = read(workdir / "eval" / "metrics.json"), read(workdir / "cold-eval" / "metrics.json")
     sft_record = read(workdir / "sft" / "step.json")
     sft = sft_record["metrics"]
@@ -106,7 +108,7 @@ def recorded(workdir: Path) -> dict[str, float | int | str]:
 
 def ran_with(workdir: Path) -> str:
     """One line: the CPU, kernels and threads quantize ran with, and how many distinct SIDs it drew."""
-    record = json.loads((workdir / "quantize" / "step.json").read_text(encoding="utf-8"))
+    record = read(workdir / "quantize" / "step.json")
     v, m = record.get("versions") or {}, record.get("metrics") or {}
     return (f"workdir ran on: {v.get('cpu')}, kernels {v.get('math', 'native')} (ATen {v.get('aten_kernels')}), "
             f"torch threads {v.get('torch_threads')}, BLAS threads {v.get('blas_threads')}; quantize drew "

@@ -71,7 +71,8 @@ class StampLoss:
                head: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
         """MAP's raw input embedding (no final norm) of the next target ``tokens``. With the SID-row softmax and a
         head tied to the input embedding they are rows of ``head``'s gathered weight, so the lookup adds no
-        full-vocabulary gradient of its own (about 5% of a step on ``smollm2-135m-6l``, one CPU thread)."""
+        full-vocabulary gradient of its own (with the shared gather, MAP went from 0.94x to 1.01x plain sft's tokens
+        per CPU second on ``smollm2-135m-6l``, one thread; docs/benchmarks.md)."""
         embedding = decoder.embed_tokens
         if (self.token_loss.rows is not None and type(embedding) is torch.nn.Embedding  # a plain lookup, unscaled
                 and embedding.weight is model.get_output_embeddings().weight):
