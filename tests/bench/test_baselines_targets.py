@@ -44,3 +44,11 @@ def test_targets_are_means_over_seeds_against_sasrec_and_the_content_baseline(ba
                     "1.50x | 70.7%, 70.7% |")
     published = [dict(r, dataset="beauty") for r in rows if r["method"] != "sasrec"]
     assert "| 0.2000 / 0.1000 | 3.31x / 3.14x (recorded) |" in baselines.target_lines(published)[2]
+
+
+def test_targets_take_the_stronger_sasrec_where_both_ran(baselines):
+    assert baselines.row_kind("sasrec-ce") == "sasrec-ce"
+    rows = [_row("gencli-centroid + rl (defaults x)", 0, 0.20, 0.10),
+            _row("sasrec", 0, 0.10, 0.04), _row("sasrec-ce", 0, 0.10, 0.05)]
+    assert "| 2.00x / 2.00x |" in baselines.target_lines(rows)[2]  # against sasrec-ce's 0.05, not RecBole's 0.04
+    assert "| 2.00x / 2.50x |" in baselines.target_lines(rows[:2])[2]
