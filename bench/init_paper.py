@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft", default="", help='extra sft options, e.g. "sid-softmax,lr=0.002"')
     p.add_argument("--model", default=MODEL, help="init-vocab --model (a preset or a folder)")
     p.add_argument("--workroot", type=Path, default=CACHE / "init_paper")
-    p.add_argument("--out", type=Path, default=None, help="results file (default: WORKROOT/results-MODE.json)")
+    p.add_argument("--out", default=None, help="results file (default: WORKROOT/results-MODE.json); with --table, "
+                   "comma-separated files are merged (e.g. one per seed, run side by side)")
     p.add_argument("--keep-workdirs", action="store_true", help="keep each run's workdir (its models)")
     p.add_argument("--table", action="store_true", help="only print the table of --out")
     args = p.parse_args(argv)
@@ -83,8 +84,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.eval_every = args.eval_every or every
     args.val_users = args.val_users or val
     args.test_users = test if args.test_users is None else args.test_users
-    args.out = args.out or args.workroot / f"results-{args.mode}.json"
+    args.outs = [Path(o) for o in args.out.split(",")] if args.out else [args.workroot / f"results-{args.mode}.json"]
+    if len(args.outs) > 1 and not args.table:
+        p.error("--out takes several files only with --table")
+    args.out = args.outs[0]
     return args
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """The run's options as the results file keeps them (JSON: paths as text)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("table", "outs")}
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Path]:
@@ -151,6 +160,23 @@ def paired(diffs: list[float], digits: int = 4) -> str:
     return f"{format(mean, f)} (t {mean / se:+.2f}; {format(mean - half, f)}..{format(mean + half, f)})"
 
 
+def steps_to_peak(run: dict, ref: dict) -> float | None:
+    """Validation steps ``run`` needs to reach ``ref``'s peak (the model alone's NDCG@10), over the steps ``ref``
+    itself needs; None where it never does or a curve is missing (the paper's "steps to random's peak")."""
+    a, b = ([(v["step"], v.get("model_ndcg@10") or 0.0) for v in r.get("valid") or []] for r in (run, ref))
+    if not a or not b:
+        return None
+    peak = max(v for _, v in b)
+    t = next((step for step, v in a if v >= peak), None)
+    return None if t is None else t / next(step for step, v in b if v == peak)
+
+
+def reached(ratios: list[float | None]) -> str:
+    got = [r for r in ratios if r is not None]
+    mean = f"{statistics.fmean(got):.2f}x, " if got else ""
+    return f"{mean}{len(got)} of {len(ratios)} reached"
+
+
 def table(rows: list[dict]) -> str:
     """Per SID set and init: the mean of each metric over seeds; then each init against mean and random, paired."""
     lines = ["| SIDs | init | seeds | t* | R@5 | R@10 | served R@5 | served R@10 | cold R@5 (model) |",
@@ -166,7 +192,8 @@ def table(rows: list[dict]) -> str:
                  f"{statistics.fmean(r[m] for r in runs):.4f}" for m in METRICS]
         lines.append(f"| {key[0]} | {key[1]} | {len(runs)} | " + " | ".join(cells) + " |")
     rank = {name: i for i, name in enumerate(REFERENCES)}
-    lines += ["", "| SIDs | init | vs | t* | R@5 | R@10 | cold R@5 (model) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| SIDs | init | vs | t* | R@5 | R@10 | cold R@5 (model) | steps to its peak |",
+              "|---|---|---|---|---|---|---|---|"]
     for sids, init in keys:
         for ref in REFERENCES:
             if init == ref or (sids, ref) not in by or rank.get(init, len(rank)) < rank[ref]:
@@ -176,16 +203,19 @@ def table(rows: list[dict]) -> str:
                 continue
             cells = [paired([by[(sids, init)][s][m] - by[(sids, ref)][s][m] for s in seeds], 0 if m == "t_star" else 4)
                      for m in ("t_star", "recall@5", "recall@10", "cold_recall@5")]
+            cells.append(reached([steps_to_peak(by[(sids, init)][s], by[(sids, ref)][s]) for s in seeds]))
             lines.append(f"| {sids} | {init} | {ref} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {"runs": {}}
     if args.table:
-        print(table(list(results["runs"].values())))
+        rows = [r for out in args.outs if out.is_file()
+                for r in json.loads(out.read_text(encoding="utf-8"))["runs"].values()]
+        print(table(rows))
         return
+    results = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {"runs": {}}
     import torch
 
     from gencli.core.lm.hub import CUT_PRESETS, pull
@@ -193,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if args.model in CUT_PRESETS:
         pull(args.model)
-    results["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "table"}
+    results["settings"] = settings(args)
     shared = prepare(args)
     for seed in (int(s) for s in args.seeds.split(",")):  # seed-major: a partial run still covers every variant
         for sids in args.sids.split(","):
