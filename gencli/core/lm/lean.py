@@ -72,7 +72,8 @@ def lean_config(raw: Any) -> LeanConfig | None:
         return None
     if raw.get("is_causal", True) is not True or raw.get("use_sliding_window") or raw.get("pretraining_tp", 1) != 1:
         return None
-    if any(t != "full_attention" for t in raw.get("layer_types") or []):
+    layers = raw.get("layer_types")
+    if layers is not None and (not isinstance(layers, list) or any(t != "full_attention" for t in layers)):
         return None
     rope = raw.get("rope_parameters")
     if rope is None and raw.get("rope_scaling") is None:  # a config written by transformers 4

@@ -146,6 +146,7 @@ def _edit_config(folder, **changes):
     {"quantization_config": {"quant_method": "bitsandbytes"}},
     {"model_type": "mistral"},
     {"num_key_value_heads": 3},
+    {"layer_types": True},  # not a list: found by tests/fuzz (it raised TypeError)
 ])
 def test_settings_it_does_not_reproduce_load_transformers_model(tmp_path, change):
     folder = saved(tmp_path, "qwen3")
