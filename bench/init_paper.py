@@ -13,7 +13,8 @@ collaborative vectors). Inits:
   one factor that takes level 0 to the base spread (``--projection shared --scale shared``);
 - ``default``: gencli's default (``--projection principal --scale level``), run when listed in ``--inits``.
 
-Per run: t* (sft's validation peak step: the served ranking's NDCG@10, which sft selects its model on), the test
+Per run: t* (sft's validation peak step of the model alone's NDCG@10: sft runs with ``--select model``, so the
+test scores the model at its own peak, not at the served ranking's, which is the content side's), the test
 Recall@5 and @10 of the model alone and of gencli's served ranking, and the model alone's Recall@5 on the cold
 cohort (test targets seen at most once in training). The results file also holds, per validation, the model
 alone's NDCG@10 and Recall@10 and each level's teacher-forced cross-entropy (``valid``: has an init left the
@@ -120,7 +121,7 @@ def run_variant(args: argparse.Namespace, shared: Path, sids: str, init: str, se
     users = ["--max-users", str(args.test_users)] if args.test_users else []
     commands = [
         [*t, "init-vocab", "--model", args.model, *INITS[init], "--seed", s],
-        [*t, "sft", "--max-steps", str(args.max_steps), "--patience", "0", "--average", "1",
+        [*t, "sft", "--max-steps", str(args.max_steps), "--patience", "0", "--average", "1", "--select", "model",
          "--eval-every", str(args.eval_every), "--eval-users", str(args.val_users), "--seed", s, *options(args.sft)],
         [*t, "eval", "--beams", "20", "--k", "5,10", *users, "--seed", "0"],
         [*t, "cold-eval", "--max-train-count", "1", "--beams", "20", "--k", "5,10", "--seed", "0"],

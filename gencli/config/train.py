@@ -248,6 +248,9 @@ class SftConfig:
     sid_softmax: bool = option(False, "Logits over SID rows only (exact for constrained decoding, cheaper with a "
                                       "large vocab).", option="--sid-softmax/--full-softmax")
     validation: ValidationConfig = _validation()
+    select: str = option("served", "What picks the checkpoint sft keeps: served (validation NDCG@10 of the ranking "
+                                   "users get, model and content blended) or model (the model alone's: for "
+                                   "comparing backbones or inits, as the papers do).", choices=("served", "model"))
     min_evals: int = option(MIN_EVALS, "Validations before --patience may stop training; it also waits while the "
                                        "model's per-level validation loss is still at what the SID codes' "
                                        "frequencies alone give (the plateau).")

@@ -81,9 +81,11 @@ def run(
                                                                               valid)
     counts = tables.train_target_counts(train, len(item_tokens)) if ranker is None else ranker.counts
     rows = sid_rows(vocab) if cfg.sid_softmax else None  # also decoding: base-token logits stay untrained
-    evaluate = None if valid is None else Validation(
+    metric = "model_ndcg@10" if cfg.select == "model" and ranker is not None else EVAL_METRIC  # no ranker: the
+    evaluate = None if valid is None else Validation(  # validation ranks with the model alone anyway
         valid, item_tokens, vocab, cfg.validation, device, max_history=cfg.max_history,
-        batch_size=cfg.loop.batch_size or BATCH, softmax_rows=rows, ranker=ranker, target_counts=counts)
+        batch_size=cfg.loop.batch_size or BATCH, softmax_rows=rows, ranker=ranker, target_counts=counts,
+        metric=metric)
     patience, max_time = cfg.validation.patience, cfg.loop.max_time
     stopping = EarlyStopping(patience, cfg.min_evals) if patience > 0 else None
     callbacks = [ProgressCallback(progress, "sft"), *([stopping] if stopping is not None else []),
@@ -91,7 +93,7 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     loss = make_loss(stamp, rows, cfg.label_smoothing)
     summary = fit(model, dataset, cfg, out_dir, pad_id=vocab.pad_id, loss_fn=loss, evaluate=evaluate,
-                  metric=EVAL_METRIC, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume)
+                  metric=metric, callbacks=callbacks, tokenizer=tokenizer, progress=progress, resume=resume)
     vocab_record = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
     vocab_record["softmax"] = "sid" if cfg.sid_softmax else "full"
     (out_dir / artifacts.SID_VOCAB).write_text(json.dumps(vocab_record, indent=2) + "\n", encoding="utf-8")
@@ -99,27 +101,28 @@ def run(
     if ranker is not None and evaluate is not None:
         started = time.perf_counter()
         blend, stats = evaluate.final_blend(out_dir / artifacts.MODEL_DIR, len(summary["evals"]),
-                                            summary[f"best_{EVAL_METRIC}"], events)
+                                            summary[f"best_{metric}"], events)
         fit_seconds = round(time.perf_counter() - started, 3)  # in the metrics, not the file: reruns write equal bytes
         write_ranking(out_dir, blend, stats)
     plateau = None if evaluate is None else {"frequency_ce": evaluate.freq_ce, "margin": PLATEAU_MARGIN,
                                              "min_evals": cfg.min_evals,
                                              **(stopping.plateau_record() if stopping is not None else {})}
-    return sft_metrics(cfg, summary, dataset, train.height, stamp, plateau, blend, fit_seconds, out_dir)
+    return sft_metrics(cfg, summary, dataset, train.height, stamp, plateau, blend, fit_seconds, out_dir, metric)
 
 
 def sft_metrics(cfg: SftConfig, summary: dict[str, Any], dataset: SftExamples, users: int, stamp: Any,
                 plateau: dict[str, Any] | None, blend: BlendFile | None, fit_seconds: float | None,
-                out_dir: Path) -> dict[str, Any]:
+                out_dir: Path, metric: str = EVAL_METRIC) -> dict[str, Any]:
     """sft's metrics from the loop's ``summary``: the run's size, how it stopped, the validation curve with its
-    final and peak values, the plateau rule's record and the fitted blend (when there is one)."""
+    final and peak values of ``metric`` (what picked the checkpoint), the plateau rule's record and the fitted
+    blend (when there is one)."""
     curve = summary.pop("evals")
     records = validation_records(out_dir / artifacts.METRICS_JSONL)
     warnings = [w for w in (cut_schedule_warning(summary, cfg), stamp_windows_warning(cfg)) if w]
     return {
         **({"warnings": warnings} if warnings else {}),
         "task": "sft",
-        **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{EVAL_METRIC}")},
+        **{k: v for k, v in summary.items() if k not in ("best_step", f"best_{metric}")},
         "samples": len(dataset),
         "targets": dataset.n_targets,
         "batch_size": cfg.micro_batch(len(dataset)),  # --batch-size 0 resolved for the sample mode
@@ -128,13 +131,13 @@ def sft_metrics(cfg: SftConfig, summary: dict[str, Any], dataset: SftExamples, u
         **({"stamp_layer": stamp.layer} if stamp.sap else {}),  # the layer --stamp-layer 0 resolved to
         "stop_reason": summary["stop_reason"] or ("max_steps" if cfg.loop.max_steps else "epochs"),
         **({"plateau": plateau} if plateau is not None else {}),
-        "select_metric": EVAL_METRIC,
-        "final_ndcg@10": curve[-1][EVAL_METRIC] if curve else None,
-        "peak_ndcg@10": summary[f"best_{EVAL_METRIC}"],
+        "select_metric": metric,
+        "final_ndcg@10": curve[-1][metric] if curve else None,
+        "peak_ndcg@10": summary[f"best_{metric}"],
         "final_recall@5": records.get(curve[-1]["step"], {}).get("recall@5") if curve else None,
         "peak_recall@5": records.get(summary["best_step"], {}).get("recall@5"),
         "peak_step": summary["best_step"],
-        "valid_curve": [[e["step"], e[EVAL_METRIC]] for e in curve],
+        "valid_curve": [[e["step"], e[metric]] for e in curve],
         **({"blend": blend.blends["exclude_seen"].to_dict(), "valid_blend": blend.fit["valid"],
             "blend_fit_s": fit_seconds, "text_dense_share": blend.dense_share if blend.text else None,
             "repeat_share": blend.repeat_share} if blend is not None else {}),

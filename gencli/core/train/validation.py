@@ -89,7 +89,6 @@ class Validation:
         overall = result.metrics["overall"]
         out = {**{f"{m}@{k}": overall[f"{m}@{k}"] for m in ("recall", "ndcg") for k in self.ks},
                "users": len(self.evaluator.targets)}
-        out["noise"] = noise(out[self.metric], out["users"])
         if self.level_loss is not None:
             out["level_ce"] = [round(v, 6) for v in self.level_loss(model)]
             out["left_plateau"] = left_plateau(out["level_ce"], self.freq_ce)
@@ -99,6 +98,7 @@ class Validation:
             out.update({f"blend_{k}": v for k, v in result.blend.to_dict().items()})
             if self.best is None or out[self.metric] > self.best[0]:  # the same rule as the loop's best/
                 self.best = (out[self.metric], result.candidates)
+        out["noise"] = noise(out[self.metric], out["users"])
         return out
 
     def final_blend(self, model_dir: Path, evals: int, best: float | None,

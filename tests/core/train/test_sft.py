@@ -198,3 +198,21 @@ def test_sft_fits_the_final_blend_on_the_beams_it_is_told(tmp_path):
         again, _ = fresh.final_blend(tmp_path / "w" / artifacts.MODEL_DIR, evals=2, best=out["peak_ndcg@10"])
         fit = json.loads(again.to_json())["fit"]
         assert (fit["grid"] == record["fit"]["grid"]) is same and fit["beams"] == beams
+
+
+@pytest.mark.parametrize("select", ["served", "model"])
+def test_select_picks_the_checkpoint_on_the_served_or_the_model_alone_metric(tmp_path, select):
+    """--select model keeps the validation where the model alone ranked best (the served blend is still fitted and
+    reported beside it); served keeps the blend's best."""
+    model_dir, vocab_path, train, valid, emb = blend_inputs(tmp_path)
+    cfg = train_config(device="cpu", batch_size=8, lr=1e-2, max_steps=6, eval_every=2, eval_users=8, eval_beams=10,
+                       patience=0, average=1, select=select)
+    out = sft.run(cfg, model_dir, vocab_path, CODES, train, valid, tmp_path / "w", embeddings=emb)
+    records = [json.loads(ln) for ln in (tmp_path / "w" / artifacts.METRICS_JSONL).read_text().splitlines()]
+    valid_lines = [r for r in records if r["kind"] == "valid"]
+    key = "ndcg@10" if select == "served" else "model_ndcg@10"
+    values = [r[key] for r in valid_lines]
+    assert out["select_metric"] == key and out["peak_ndcg@10"] == max(values)
+    assert out["peak_step"] == valid_lines[values.index(max(values))]["step"]
+    assert out["valid_curve"] == [[r["step"], r[key]] for r in valid_lines]
+    assert all(r["noise"] > 0 or r[key] == 0 for r in valid_lines)
