@@ -16,7 +16,7 @@ epoch) picks the epoch, patience 10 as RecBole's ``stopping_step``.
 
 DIR/NAME/ holds NAME.{train,valid,test}.inter as bench/baselines.py writes them. The JSON written to --out has the
 fields bench/recbole_runner.py writes (``presented``, ``test_ranks``, ``test_top``, ...), so bench/baselines.py
-checks and scores it the same way (``--sasrec torch``). Imports only torch, numpy and the standard library.
+checks and scores it the same way (``--sasrec torch``). Runs in gencli's environment (its metric functions).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from gencli.core.infer.metrics import summarize
 
 TOP_EXTRA = 20  # test_top keeps this many items past the user's history, enough for a seen-masked top 20
 
@@ -196,11 +198,9 @@ def rank_rows(model, rows: list[tuple[list[int], int]], top: list[int] | None = 
     return ranks, tops
 
 
-def metrics(ranks: list[int], k: int = 10) -> dict[str, float]:
-    r = np.asarray(ranks)
-    hit = r <= k
-    return {f"recall@{k}": float(hit.mean()), f"ndcg@{k}": float((hit / np.log2(r + 1)).mean()),
-            f"mrr@{k}": float((hit / r).mean())}
+def metrics(ranks: list[int]) -> dict[str, float]:
+    """Recall@10 and NDCG@10 of 1-based ranks, by gencli's own metric functions (as bench/baselines.py scores)."""
+    return summarize(np.asarray(ranks), (10,))["overall"]
 
 
 def main() -> None:

@@ -81,8 +81,9 @@ def run(
                                                                               valid)
     counts = tables.train_target_counts(train, len(item_tokens)) if ranker is None else ranker.counts
     rows = sid_rows(vocab) if cfg.sid_softmax else None  # also decoding: base-token logits stay untrained
-    metric = "model_ndcg@10" if cfg.select == "model" and ranker is not None else EVAL_METRIC  # no ranker: the
-    evaluate = None if valid is None else Validation(  # validation ranks with the model alone anyway
+    # without a ranker validation ranks with the model alone, so its NDCG@10 already is the model's
+    metric = "model_ndcg@10" if cfg.select == "model" and ranker is not None else EVAL_METRIC
+    evaluate = None if valid is None else Validation(
         valid, item_tokens, vocab, cfg.validation, device, max_history=cfg.max_history,
         batch_size=cfg.loop.batch_size or BATCH, softmax_rows=rows, ranker=ranker, target_counts=counts,
         metric=metric)
